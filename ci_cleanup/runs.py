@@ -1,0 +1,78 @@
+"""What every job's Dagster layer shares: the run's lease, dry runs, error tracking and reporting.
+
+A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
+run, and the failure hook, can release exactly the lease the run took, and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    HookContext,
+    MetadataValue,
+    OpExecutionContext,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    failure_hook,
+)
+
+from .gitlab.exclusive_lease import ExclusiveLease
+
+DRY_RUN_TAG = "ci_cleanup/dry_run"
+ROWS_CHANGED = "rows_changed"  # every job reports how many rows it changed under this key
+MAX_IDS_REPORTED = 1000  # ids listed in metadata; counts are always exact
+
+log = logging.getLogger("ci_cleanup")
+
+
+def run_lease(context: OpExecutionContext | HookContext, client, key: str, ttl_seconds: int) -> ExclusiveLease:
+    return ExclusiveLease(client, key, ttl_seconds, uuid=context.run_id)
+
+
+def release_lease_on_failure(key: str, ttl_seconds: int):
+    """A job hook: a failed step gives back the run's lease at once instead of holding it for its TTL."""
+
+    @failure_hook(name=f"release_{key.replace('/', '_').replace(':', '_')}_on_failure", required_resource_keys={"gitlab_redis"})
+    def _release(context: HookContext) -> None:
+        if run_lease(context, context.resources.gitlab_redis.shared_state, key, ttl_seconds).cancel():
+            context.log.info(f"Released lease {key} after the failure")
+
+    return _release
+
+
+def mark_dry_run(context: OpExecutionContext) -> None:
+    context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
+    context.log.info("Dry run: finding what would change, writing nothing")
+
+
+def track_exception(context: OpExecutionContext, error: BaseException, **details) -> None:
+    """The seeds' ``Gitlab::ErrorTracking``: log it on the run and send it to Sentry when SENTRY_DSN is set."""
+    context.log.error(f"{type(error).__name__}: {str(error).strip()} {details}")
+    if os.environ.get("SENTRY_DSN"):
+        import sentry_sdk
+
+        if not sentry_sdk.get_client().is_active():
+            sentry_sdk.init(dsn=os.environ["SENTRY_DSN"])
+        with sentry_sdk.new_scope() as scope:
+            scope.set_tag("dagster_run_id", context.run_id)
+            for name, value in details.items():
+                scope.set_extra(name, value)
+            sentry_sdk.capture_exception(error)
+
+
+def table(records: Sequence[Mapping[str, object]], columns: Sequence[str]) -> MetadataValue:
+    return MetadataValue.table(
+        records=[TableRecord({c: r[c] for c in columns}) for r in records],
+        schema=TableSchema(columns=[TableColumn(c) for c in columns]),
+    )
+
+
+def observe(context: OpExecutionContext, asset: Sequence[str], metadata: Mapping[str, object]) -> None:
+    """One observation per batch on a GitLab table's asset key, so the UI plots the numbers across runs."""
+    context.log_event(AssetObservation(asset_key=AssetKey(list(asset)), metadata=dict(metadata)))

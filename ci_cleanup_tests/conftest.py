@@ -1,0 +1,59 @@
+"""Real PostgreSQL and Redis for every test: the embedded stack, started once per session and stopped after."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from ci_cleanup.devstack import EmbeddedStack
+from ci_cleanup.gitlab.schema import create_schema, gitlab_schema
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    with EmbeddedStack(tmp_path_factory.mktemp("stack")) as stack:
+        engine = create_engine(stack.url())
+        create_schema(engine)
+        engine.dispose()
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def _engine(stack):
+    engine = create_engine(stack.url(), pool_size=5)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def engine(_engine):
+    """The GitLab database, emptied before the test."""
+    names = ", ".join(f'"{t.name}"' for t in gitlab_schema().metadata.sorted_tables)
+    with _engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+    return _engine
+
+
+@pytest.fixture
+def redis_client(stack):
+    import redis
+
+    client = redis.Redis.from_url(stack.redis_url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def scratch_database(stack):
+    """A database of its own, for tests that break or reshape the schema; returns its URL."""
+    name = f"scratch_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield stack.url(name)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()

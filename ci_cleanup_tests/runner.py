@@ -1,0 +1,31 @@
+"""Running a job in process against the test stack, the way the code location would."""
+
+from __future__ import annotations
+
+from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
+
+from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+
+
+def run_job(
+    job: JobDefinition, stack, *, run_config: dict | None = None, dry_run: bool = False,
+    database_url: str | None = None, raise_on_error: bool = True, instance: DagsterInstance | None = None,
+) -> ExecuteInProcessResult:
+    return job.execute_in_process(
+        run_config=run_config or {},
+        resources={
+            "gitlab_db": GitLabDatabase(url=database_url or stack.url()),
+            "gitlab_redis": GitLabRedis(url=stack.redis_url),
+            "run_options": RunOptions(dry_run=dry_run),
+        },
+        instance=instance or DagsterInstance.ephemeral(),
+        raise_on_error=raise_on_error,
+    )
+
+
+def op_metadata(result: ExecuteInProcessResult, op_name: str) -> dict:
+    """The metadata an op put on its output, as plain values."""
+    for event in result.events_for_node(op_name):
+        if event.event_type_value == "STEP_OUTPUT":
+            return {k: v.value for k, v in event.step_output_data.metadata.items()}
+    raise AssertionError(f"{op_name} produced no output")

@@ -1,0 +1,277 @@
+"""Seed 000 / SPEC 4.1: builds stuck in canceling for over an hour are dropped, nothing else is touched."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from dagster import DagsterInstance
+from sqlalchemy import text, update
+
+from ci_cleanup.drop_canceling_builds import service
+from ci_cleanup.drop_canceling_builds.job import LEASE_KEY, drop_canceling_builds, drop_canceling_builds_schedule
+from ci_cleanup.gitlab.exclusive_lease import PREFIX
+from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.runs import DRY_RUN_TAG
+
+from .factories import S, create, ids, naive_ago, row
+from .runner import op_metadata, run_job
+
+LEASE = PREFIX + LEASE_KEY
+
+
+def outdated(engine, **values) -> int:
+    return create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2), **values)
+
+
+def assert_dropped(engine, build_id: int, *, lock_version: int = 1) -> None:
+    build = row(engine, "ci_builds", build_id)
+    assert (build.status, build.failure_reason, build.lock_version) == ("failed", 3, lock_version)
+    assert abs(build.finished_at - naive_ago()) < dt.timedelta(minutes=1)
+    assert abs(build.updated_at - naive_ago()) < dt.timedelta(minutes=1)
+
+
+def assert_untouched(engine, build_id: int, before) -> None:
+    assert row(engine, "ci_builds", build_id) == before
+
+
+def test_outdated_canceling_build_is_dropped(stack, engine, redis_client):
+    build_id = outdated(engine)
+    create(engine, "ci_running_builds", build_id=build_id)
+    create(engine, "ci_pending_builds", build_id=build_id)
+
+    result = run_job(drop_canceling_builds, stack)
+
+    assert_dropped(engine, build_id)
+    assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
+    report = op_metadata(result, "report_dropped_builds")
+    assert (report["status"], report["rows_changed"], report["dropped_count"], report["batches"]) == ("success", 1, 1, 1)
+    assert redis_client.exists(LEASE) == 0
+
+
+def test_existing_finished_at_is_kept(stack, engine, redis_client):
+    finished_at = naive_ago(hours=1, minutes=30)
+    build_id = outdated(engine, finished_at=finished_at)
+    run_job(drop_canceling_builds, stack)
+    assert row(engine, "ci_builds", build_id).finished_at == finished_at
+
+
+@pytest.mark.parametrize(
+    "created, updated",
+    [
+        pytest.param(dict(minutes=1), dict(minutes=1), id="fresh"),
+        pytest.param(dict(hours=3), dict(minutes=10), id="created long ago, updated recently"),
+        pytest.param(dict(minutes=10), dict(hours=3), id="created recently, updated long ago"),
+        pytest.param(dict(minutes=59), dict(minutes=59), id="59 minutes old"),
+    ],
+)
+def test_build_not_outdated_is_kept(stack, engine, redis_client, created, updated):
+    build_id = create(engine, "ci_builds", created_at=naive_ago(**created), updated_at=naive_ago(**updated))
+    before = row(engine, "ci_builds", build_id)
+    run_job(drop_canceling_builds, stack)
+    assert_untouched(engine, build_id, before)
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["created", "waiting_for_resource", "preparing", "pending", "running", "success", "failed", "canceled",
+     "skipped", "manual", "scheduled", "waiting_for_callback"],
+)
+def test_build_in_other_status_is_kept(stack, engine, redis_client, status):
+    build_id = outdated(engine, status=status)
+    before = row(engine, "ci_builds", build_id)
+    run_job(drop_canceling_builds, stack)
+    assert_untouched(engine, build_id, before)
+
+
+def test_bridge_is_kept(stack, engine, redis_client):
+    bridge = outdated(engine, type="Ci::Bridge")
+    before = row(engine, "ci_builds", bridge)
+    run_job(drop_canceling_builds, stack)
+    assert_untouched(engine, bridge, before)
+
+
+def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_client):
+    with engine.begin() as conn:
+        conn.execute(
+            S.ci_builds.insert(),
+            [dict(project_id=i % 7, type="Ci::Build", status="canceling", lock_version=0, partition_id=100,
+                  created_at=naive_ago(hours=2, seconds=i), updated_at=naive_ago(hours=2)) for i in range(250)],
+        )
+    result = run_job(drop_canceling_builds, stack)
+    assert ids(engine, "ci_builds", S.ci_builds.c.status != "failed") == []
+    assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(range(1, 251))
+    report = op_metadata(result, "report_dropped_builds")
+    assert (report["dropped_count"], report["batches"]) == (250, 3)
+    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert [o.event_specific_data.asset_observation.metadata["dropped"].value for o in observations] == [100, 100, 50]
+
+
+def test_batches_follow_the_seeds_order(stack, engine, redis_client):
+    same_moment = naive_ago(hours=5)
+    late = create(engine, "ci_builds", project_id=1, created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    early_project_2 = create(engine, "ci_builds", project_id=2, created_at=same_moment, updated_at=naive_ago(hours=2))
+    early_project_1 = create(engine, "ci_builds", project_id=1, created_at=same_moment, updated_at=naive_ago(hours=2))
+    with engine.connect() as conn:
+        batch = service.find_batch(conn, S, utc_now() - service.TIMEOUT, 100, set())
+    assert [b.id for b in batch] == [early_project_1, early_project_2, late]
+
+
+def test_lease_held_elsewhere_changes_nothing(stack, engine, redis_client):
+    build_id = outdated(engine)
+    before = row(engine, "ci_builds", build_id)
+    redis_client.set(LEASE, "someone-else", ex=1200)
+
+    result = run_job(drop_canceling_builds, stack)
+
+    assert result.success
+    assert_untouched(engine, build_id, before)
+    assert redis_client.get(LEASE) == b"someone-else"
+    assert 1190 <= redis_client.ttl(LEASE) <= 1200
+    assert op_metadata(result, "report_dropped_builds")["status"] == "skipped: lease held"
+
+
+def test_lease_is_released_when_the_run_fails(stack, engine, redis_client, monkeypatch):
+    build_id = outdated(engine)
+    taken = []
+
+    def crash(*args, **kwargs):
+        taken.append(redis_client.get(LEASE))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(service, "drop_canceling_builds", crash)
+    result = run_job(drop_canceling_builds, stack, raise_on_error=False)
+
+    assert not result.success
+    assert taken == [result.run_id.encode()]  # held by this run while it worked
+    assert redis_client.exists(LEASE) == 0
+    assert row(engine, "ci_builds", build_id).status == "canceling"
+
+
+def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine):
+    canceled = outdated(engine)
+    touched = outdated(engine)
+    retried = outdated(engine)
+    cutoff = utc_now() - service.TIMEOUT
+    with engine.connect() as conn:
+        read = service.find_batch(conn, S, cutoff, 100, set())
+    with engine.begin() as conn:  # another process, after we read the batch
+        b = S.ci_builds.c
+        conn.execute(update(S.ci_builds).where(b.id == canceled).values(status="canceled", lock_version=b.lock_version + 1))
+        conn.execute(update(S.ci_builds).where(b.id == touched).values(updated_at=naive_ago(), lock_version=b.lock_version + 1))
+        conn.execute(update(S.ci_builds).where(b.id == retried).values(runner_id=99, lock_version=b.lock_version + 1))
+    canceled_row, touched_row = row(engine, "ci_builds", canceled), row(engine, "ci_builds", touched)
+
+    outcome = service.drop_builds(engine, S, read, cutoff, utc_now())
+
+    assert_untouched(engine, canceled, canceled_row)
+    assert_untouched(engine, touched, touched_row)
+    assert_dropped(engine, retried, lock_version=2)  # still outdated and canceling: retried, as GitLab does
+    assert sorted(outcome.changed_concurrently) == [canceled, touched]
+    assert [b.id for b in outcome.dropped] == [retried]
+
+
+def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
+    bad = outdated(engine)
+    good = outdated(engine)
+    create(engine, "ci_running_builds", build_id=bad)
+    create(engine, "ci_pending_builds", build_id=bad)
+    with engine.begin() as conn:  # the drop of `bad` fails in the database, as a broken row would
+        conn.execute(text(f"""
+            CREATE FUNCTION reject_drop() RETURNS trigger AS $$ BEGIN
+              IF NEW.id = {bad} AND NEW.failure_reason = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER reject_drop BEFORE UPDATE ON ci_builds FOR EACH ROW EXECUTE FUNCTION reject_drop();
+        """))
+    try:
+        result = run_job(drop_canceling_builds, stack)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER reject_drop ON ci_builds; DROP FUNCTION reject_drop()"))
+
+    doomed = row(engine, "ci_builds", bad)
+    assert (doomed.status, doomed.failure_reason, doomed.lock_version) == ("failed", 12, 1)
+    assert doomed.finished_at is not None
+    assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
+    assert_dropped(engine, good)
+    report = op_metadata(result, "report_dropped_builds")
+    assert (report["dropped_count"], report["doomed_count"], report["rows_changed"]) == (1, 1, 2)
+    assert report["errors"] == [f"build {bad}: row is broken"]
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])
+def test_session_time_zone_does_not_change_the_result(stack, engine, redis_client, zone):
+    kept = create(engine, "ci_builds", created_at=naive_ago(minutes=50), updated_at=naive_ago(minutes=50))
+    dropped = create(engine, "ci_builds", created_at=naive_ago(minutes=70), updated_at=naive_ago(minutes=70))
+    before = row(engine, "ci_builds", kept)
+
+    run_job(drop_canceling_builds, stack, database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+
+    assert_untouched(engine, kept, before)
+    assert_dropped(engine, dropped)
+
+
+def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
+    from sqlalchemy import create_engine
+
+    scratch = create_engine(scratch_database)
+    create_schema(scratch)
+    with scratch.begin() as conn:
+        conn.execute(text("ALTER TABLE ci_builds DROP COLUMN lock_version"))
+        conn.execute(text("DROP TABLE ci_running_builds"))
+        conn.execute(text(
+            "INSERT INTO ci_builds (id, partition_id, type, status, created_at, updated_at) "
+            "VALUES (1, 100, 'Ci::Build', 'canceling', now() - interval '3 hours', now() - interval '3 hours')"
+        ))
+
+    result = run_job(drop_canceling_builds, stack, database_url=scratch_database, raise_on_error=False)
+
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = failure.step_failure_data.error.cause.message if failure.step_failure_data.error.cause else failure.step_failure_data.error.message
+    assert "column ci_builds.lock_version" in message and "table ci_running_builds" in message
+    with scratch.connect() as conn:
+        assert conn.execute(text("SELECT status FROM ci_builds")).scalar_one() == "canceling"
+    assert redis_client.exists(LEASE) == 0
+    scratch.dispose()
+
+
+def test_limits_are_config_and_validated(stack, engine, redis_client):
+    build_id = create(engine, "ci_builds", created_at=naive_ago(minutes=20), updated_at=naive_ago(minutes=20))
+    result = run_job(
+        drop_canceling_builds, stack,
+        run_config={"ops": {"find_canceling_builds": {"config": {"timeout_minutes": 15, "batch_size": 1}}}},
+    )
+    assert_dropped(engine, build_id)
+
+    other = create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    before = row(engine, "ci_builds", other)
+    for bad in ({"batch_size": 0}, {"timeout_minutes": -5}, {"batch_size": 1_000_000}):
+        result = run_job(
+            drop_canceling_builds, stack,
+            run_config={"ops": {"find_canceling_builds": {"config": bad}}}, raise_on_error=False,
+        )
+        assert not result.success
+        assert_untouched(engine, other, before)
+    assert redis_client.exists(LEASE) == 0
+
+
+def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
+    build_ids = [outdated(engine) for _ in range(3)]
+    before = [row(engine, "ci_builds", b) for b in build_ids]
+    instance = DagsterInstance.ephemeral()
+
+    result = run_job(drop_canceling_builds, stack, dry_run=True, instance=instance)
+
+    assert [row(engine, "ci_builds", b) for b in build_ids] == before
+    drop = op_metadata(result, "drop_outdated_builds")
+    assert (drop["would_drop_count"], drop["would_drop_ids"]) == (3, build_ids)
+    assert op_metadata(result, "report_dropped_builds")["rows_changed"] == 0
+    assert redis_client.keys("*") == []
+    assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
+
+
+def test_schedule_runs_at_45_past_every_hour_utc():
+    assert drop_canceling_builds_schedule.cron_schedule == "45 * * * *"
+    assert drop_canceling_builds_schedule.execution_timezone == "UTC"
+    assert drop_canceling_builds_schedule.job_name == "drop_canceling_builds"
