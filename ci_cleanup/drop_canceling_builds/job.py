@@ -129,7 +129,7 @@ def report_dropped_builds(
 @job(
     description="Seed 000: fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
     hooks={release_lease_on_failure(LEASE_KEY, LEASE_TTL_SECONDS)},
-    tags={"ci_cleanup/seed": "000"},
+    tags={"ci_cleanup/job": "drop_canceling_builds", "ci_cleanup/seed": "000"},
 )
 def drop_canceling_builds():
     plan = find_canceling_builds()
