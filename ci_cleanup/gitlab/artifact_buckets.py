@@ -1,0 +1,134 @@
+"""GitLab's buckets for bulk-deleting expired job artifacts, in SharedState Redis (SPEC §3).
+
+Artifacts are split into ``max_buckets`` buckets by ``MOD(project_id + job_id, max_buckets)``; a worker
+owns one bucket at a time, so parallel workers never fight over the same rows. Free buckets are a SET,
+taken ones a ZSET scored with the claim time (unix seconds). A worker that dies keeps its bucket
+occupied until the scheduler's stale recovery, 10 minutes later, puts it back.
+
+Every state change is one atomic Redis step (a Lua script or one MULTI), so concurrent schedulers
+and workers, ours or a live GitLab's, never lose or duplicate a bucket.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import redis
+
+AVAILABLE_KEY = "{bulk_delete_expired_job_artifacts}:available_buckets"
+OCCUPIED_KEY = "{bulk_delete_expired_job_artifacts}:occupied_buckets"
+STALE_AFTER = dt.timedelta(minutes=10)
+
+# KEYS[1] occupied, KEYS[2] available; ARGV[1] stale cut-off: move every bucket claimed at or before it.
+_RECOVER_STALE = """
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, bucket in ipairs(stale) do
+  redis.call('ZREM', KEYS[1], bucket)
+  redis.call('SADD', KEYS[2], bucket)
+end
+return #stale
+"""
+
+# KEYS[1] available, KEYS[2] occupied; ARGV[1] claim time. SPOP + ZADD as one step: a bucket is never in neither.
+_CLAIM = """
+local bucket = redis.call('SPOP', KEYS[1])
+if not bucket then
+  return false
+end
+redis.call('ZADD', KEYS[2], ARGV[1], bucket)
+return bucket
+"""
+
+
+@dataclass(frozen=True)
+class BucketState:
+    available: frozenset[int]
+    occupied: dict[int, float]  # bucket -> claim time, unix seconds
+
+
+@dataclass(frozen=True)
+class ScheduledBuckets:
+    """The seed's end-of-run log line."""
+
+    max_buckets: int
+    available_count: int  # as read before the missing buckets were added
+    occupied_count: int
+    stale_count: int
+    missing_count: int
+
+
+def read_state(client: redis.Redis) -> BucketState:
+    pipe = client.pipeline(transaction=True)
+    pipe.smembers(AVAILABLE_KEY)
+    pipe.zrange(OCCUPIED_KEY, 0, -1, withscores=True)
+    available, occupied = pipe.execute()
+    return BucketState(
+        available=frozenset(int(b) for b in available),
+        occupied={int(b): score for b, score in occupied},
+    )
+
+
+def stale_cutoff(now: dt.datetime) -> float:
+    return (now - STALE_AFTER).timestamp()
+
+
+def recover_stale(client: redis.Redis, now: dt.datetime) -> int:
+    """Occupied for 10 minutes or more (score <= now-10min): its worker died; make it available again."""
+    return int(client.eval(_RECOVER_STALE, 2, OCCUPIED_KEY, AVAILABLE_KEY, stale_cutoff(now)))
+
+
+def missing_buckets(state: BucketState, max_buckets: int) -> set[int]:
+    """``{0..max-1} − available − occupied``: buckets never created, or lost (e.g. after a scale-up)."""
+    return set(range(max_buckets)) - state.available - set(state.occupied)
+
+
+def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> ScheduledBuckets:
+    """The scheduler's bucket upkeep: stale ones recovered, then missing ones added."""
+    stale_count = recover_stale(client, now)
+    state = read_state(client)
+    missing = missing_buckets(state, max_buckets)
+    if missing:
+        client.sadd(AVAILABLE_KEY, *(str(b) for b in sorted(missing)))
+    return ScheduledBuckets(
+        max_buckets=max_buckets,
+        available_count=len(state.available),
+        occupied_count=len(state.occupied),
+        stale_count=stale_count,
+        missing_count=len(missing),
+    )
+
+
+def preview_schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> ScheduledBuckets:
+    """What :func:`schedule` would do, read only (dry run)."""
+    state = read_state(client)
+    cutoff = stale_cutoff(now)
+    stale = {b for b, score in state.occupied.items() if score <= cutoff}
+    after_recovery = BucketState(available=state.available | stale, occupied={b: s for b, s in state.occupied.items() if b not in stale})
+    return ScheduledBuckets(
+        max_buckets=max_buckets,
+        available_count=len(after_recovery.available),
+        occupied_count=len(after_recovery.occupied),
+        stale_count=len(stale),
+        missing_count=len(missing_buckets(after_recovery, max_buckets)),
+    )
+
+
+def claim(client: redis.Redis, now: dt.datetime) -> int | None:
+    """Take any free bucket and mark it occupied since ``now``; None when every bucket is taken."""
+    bucket = client.eval(_CLAIM, 2, AVAILABLE_KEY, OCCUPIED_KEY, now.timestamp())
+    return None if bucket is None else int(bucket)
+
+
+def release(client: redis.Redis, bucket: int, max_buckets: int) -> bool:
+    """Give the bucket back; one at or above the current ``max_buckets`` is retired (only removed).
+
+    Returns whether the bucket went back to the available set.
+    """
+    keep = bucket < max_buckets
+    pipe = client.pipeline(transaction=True)
+    pipe.zrem(OCCUPIED_KEY, str(bucket))
+    if keep:
+        pipe.sadd(AVAILABLE_KEY, str(bucket))
+    pipe.execute()
+    return keep

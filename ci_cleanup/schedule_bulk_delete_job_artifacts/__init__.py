@@ -1,0 +1,1 @@
+"""Seed 004: bulk deletion of expired job artifacts in Redis buckets, and the removal of their stored files."""

@@ -1,0 +1,188 @@
+"""Seed 004 on Dagster: the bucket scheduler, its bucket workers as parallel steps, and the stored files' removal.
+
+``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) fans out one
+mapped step per worker slot (GitLab's ``perform_with_capacity``: max_buckets workers), each claims a
+bucket and deletes its expired artifacts; report_bulk_delete collects them. The multiprocess
+executor runs the workers side by side, ``max_concurrent`` bounding them.
+
+``delete_expired_artifact_files``: drains ``ci_deleted_objects`` (GitLab's ``Ci::DeleteObjectsWorker``).
+"""
+
+import datetime as dt
+import os
+from dataclasses import dataclass, field
+
+from dagster import (
+    Config,
+    DynamicOut,
+    DynamicOutput,
+    OpExecutionContext,
+    Out,
+    Output,
+    ScheduleDefinition,
+    job,
+    multiprocess_executor,
+    op,
+)
+from pydantic import Field
+
+from ..gitlab import artifact_buckets
+from ..gitlab.schema import require_columns, utc_now
+from ..resources import GitLabDatabase, GitLabRedis, RunOptions
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, table, track_exception
+from . import service
+
+ARTIFACTS = ("gitlab", "ci_job_artifacts")
+DELETED_OBJECTS = ("gitlab", "ci_deleted_objects")
+MAX_PARALLEL_WORKERS = service.MAX_BUCKETS_HIGH_CONCURRENCY
+
+
+class BulkDeleteJobArtifactsConfig(Config):
+    batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Artifacts per batch (the seed's 100)")
+    max_batches: int = Field(
+        default=service.MAX_BATCHES, ge=1, le=10_000, description="Batches per bucket worker run (GitLab's 500)"
+    )
+    max_runtime_seconds: int = Field(
+        default=int(service.MAX_RUNTIME.total_seconds()), ge=1, le=3600,
+        description="A bucket worker stops starting batches after this long (GitLab's 5 minutes)",
+    )
+
+
+@dataclass(frozen=True)
+class BulkDeletePlan:
+    status: str  # "run", "dry run" or "skipped: …"
+    batch_size: int = service.BATCH_SIZE
+    max_batches: int = service.MAX_BATCHES
+    max_runtime_seconds: int = int(service.MAX_RUNTIME.total_seconds())
+    buckets: artifact_buckets.ScheduledBuckets | None = None
+    # dry run only: bucket -> (expired deletable artifacts, their first ids)
+    would_delete: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
+
+
+def _bucket_metadata(buckets: artifact_buckets.ScheduledBuckets | None) -> dict:
+    if buckets is None:
+        return {}
+    return {
+        "max_buckets": buckets.max_buckets,
+        "available_count": buckets.available_count,
+        "occupied_count": buckets.occupied_count,
+        "stale_count": buckets.stale_count,
+        "missing_count": buckets.missing_count,
+    }
+
+
+@op(out={"plan": Out(BulkDeletePlan), "worker_slots": DynamicOut(int)})
+def schedule_buckets(
+    context: OpExecutionContext, config: BulkDeleteJobArtifactsConfig,
+    gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis, run_options: RunOptions,
+):
+    """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker slot per bucket."""
+    schema = gitlab_db.schema
+    now = utc_now()
+    with gitlab_db.engine.connect() as conn:
+        require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+        flags = service.read_flags(conn, schema)
+        if run_options.dry_run and flags.enabled:
+            mark_dry_run(context)
+            per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
+            would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
+    limits = dict(batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds)
+    if not flags.enabled:
+        # The seed: flag off -> return at once; not even the buckets are touched.
+        context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
+        yield Output(BulkDeletePlan(status=f"skipped: {service.FEATURE_FLAG} disabled", **limits), "plan")
+        return
+    if run_options.dry_run:
+        buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
+        yield Output(
+            BulkDeletePlan(status="dry run", buckets=buckets, would_delete=would_delete, **limits), "plan",
+            metadata=_bucket_metadata(buckets),
+        )
+        return
+    buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
+    context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
+    yield Output(BulkDeletePlan(status="run", buckets=buckets, **limits), "plan", metadata=_bucket_metadata(buckets))
+    for slot in range(flags.max_buckets):
+        yield DynamicOutput(slot, mapping_key=f"worker_{slot}", output_name="worker_slots")
+
+
+@op
+def delete_expired_artifacts_in_bucket(
+    context: OpExecutionContext, plan: BulkDeletePlan, worker_slot: int, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> service.WorkerResult:
+    """One ``BulkDeleteExpiredJobArtifactsWorker``: claim a bucket, delete its expired artifacts, release it."""
+
+    def on_batch(bucket: int, batch: service.DeletedBatch) -> None:
+        observe(
+            context, ARTIFACTS,
+            {"mod_bucket": bucket, "destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
+             "deleted_objects": batch.deleted_objects},
+        )
+
+    result = service.run_bucket_worker(
+        gitlab_db.engine, gitlab_redis.shared_state, gitlab_db.schema,
+        batch_size=plan.batch_size, max_batches=plan.max_batches,
+        max_runtime=dt.timedelta(seconds=plan.max_runtime_seconds), on_batch=on_batch,
+    )
+    if result.mod_bucket is None:
+        context.log.info(f"Worker slot {worker_slot}: no bucket available")
+    context.add_output_metadata(
+        {
+            "status": "no bucket available" if result.mod_bucket is None else "success",
+            "mod_bucket": result.mod_bucket,
+            "destroyed_job_artifacts_count": result.destroyed_job_artifacts_count,
+            "artifacts_empty": result.artifacts_empty,
+            "terminated_early_due_to_scale_down": result.terminated_early_due_to_scale_down,
+            "stopped_by_feature_flag": result.stopped_by_feature_flag,
+            "batches": result.batches,
+            "size": result.size,
+        }
+    )
+    return result
+
+
+@op
+def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, results: list[service.WorkerResult]) -> None:
+    """The seed's end-of-run log line, and the run's totals."""
+    destroyed = sum(r.destroyed_job_artifacts_count for r in results)
+    metadata = {
+        "status": "success" if plan.status == "run" else plan.status,
+        ROWS_CHANGED: destroyed,
+        "destroyed_job_artifacts_count": destroyed,
+        "size": sum(r.size for r in results),
+        "deleted_objects_created": sum(r.deleted_objects for r in results),
+        "workers": len(results),
+        "buckets_processed": sorted(r.mod_bucket for r in results if r.mod_bucket is not None),
+        **_bucket_metadata(plan.buckets),
+    }
+    if plan.status == "dry run":
+        would = plan.would_delete
+        metadata["would_delete_count"] = sum(count for count, _ in would.values())
+        metadata["would_delete_by_bucket"] = table(
+            [{"mod_bucket": b, "count": count, "ids": ", ".join(map(str, ids))} for b, (count, ids) in sorted(would.items())],
+            ["mod_bucket", "count", "ids"],
+        )
+        metadata["would_delete_ids"] = {str(b): ids for b, (_, ids) in sorted(would.items())}
+    context.add_output_metadata(metadata)
+
+
+@job(
+    description=(
+        "Seed 004: delete expired job artifacts in parallel buckets "
+        "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)"
+    ),
+    executor_def=multiprocess_executor.configured({"max_concurrent": MAX_PARALLEL_WORKERS}),
+    tags={"ci_cleanup/job": "schedule_bulk_delete_job_artifacts", "ci_cleanup/seed": "004"},
+)
+def schedule_bulk_delete_job_artifacts():
+    plan, worker_slots = schedule_buckets()
+    results = worker_slots.map(lambda slot: delete_expired_artifacts_in_bucket(plan, slot))
+    report_bulk_delete(plan, results.collect())
+
+
+schedule_bulk_delete_job_artifacts_schedule = ScheduleDefinition(
+    name="schedule_bulk_delete_job_artifacts_schedule",
+    job=schedule_bulk_delete_job_artifacts,
+    cron_schedule="*/7 * * * *",
+    execution_timezone="UTC",
+)

@@ -1,0 +1,95 @@
+"""Seed 001, ``Ci::Runners::StaleManagersCleanupService``: delete runner machines that stopped contacting.
+
+The rule, without Dagster: delete stale ``ci_runner_machines`` rows in sub-batches of 100, each its
+own transaction, until a pass deletes nothing or 1000 are gone. There is no lease: the seed relies on
+idempotence, and the count of each ``DELETE … RETURNING`` is what this run itself removed, so two
+runs at once delete every row once and their counts add up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select
+from sqlalchemy.engine import Connection, Engine
+
+from ..gitlab.schema import GitLabSchema
+
+STALE_TIMEOUT = dt.timedelta(days=7)  # Ci::RunnerManager::STALE_TIMEOUT
+SUB_BATCH_LIMIT = 100
+MAX_DELETIONS = 1000
+
+
+@dataclass
+class CleanupResult:
+    """What the seed logs when done: ``total_deleted`` and ``batch_counts``."""
+
+    max_deletions: int
+    total_deleted: int = 0
+    batch_counts: list[int] = field(default_factory=list)
+
+    @property
+    def max_deletions_reached(self) -> bool:
+        # The seed's alert "MAX_DELETIONS reached run after run": the backlog outgrows the cap.
+        return self.total_deleted >= self.max_deletions
+
+
+def stale_deadline(now: dt.datetime, stale_after: dt.timedelta = STALE_TIMEOUT) -> dt.datetime:
+    """``Ci::RunnerManager.stale_deadline``; the columns are timestamptz, so an aware UTC moment."""
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware (ci_runner_machines uses timestamptz)")
+    return now.astimezone(dt.timezone.utc) - stale_after
+
+
+def stale(schema: GitLabSchema, deadline: dt.datetime) -> ColumnElement[bool]:
+    """``Ci::RunnerManager.stale``: created and last contacted (if ever) at or before the deadline."""
+    m = schema.ci_runner_machines
+    return and_(m.c.created_at <= deadline, or_(m.c.contacted_at.is_(None), m.c.contacted_at <= deadline))
+
+
+def count_stale(conn: Connection, schema: GitLabSchema, deadline: dt.datetime) -> int:
+    return conn.scalar(select(func.count()).select_from(schema.ci_runner_machines).where(stale(schema, deadline)))
+
+
+def find_stale_ids(conn: Connection, schema: GitLabSchema, deadline: dt.datetime, limit: int) -> list[int]:
+    """Stale ids in id order, for a dry run's report."""
+    m = schema.ci_runner_machines
+    return list(conn.scalars(select(m.c.id).where(stale(schema, deadline)).order_by(m.c.id).limit(limit)))
+
+
+def delete_sub_batch(engine: Engine, schema: GitLabSchema, deadline: dt.datetime, limit: int) -> list[int]:
+    """``id_in(stale.limit(n)).delete_all`` in its own transaction; returns the ids this statement deleted.
+
+    A row another run deleted first is skipped by PostgreSQL's recheck, so it is never counted twice.
+    """
+    m = schema.ci_runner_machines
+    picked = select(m.c.id).where(stale(schema, deadline)).limit(limit)
+    with engine.begin() as conn:
+        return list(conn.scalars(delete(m).where(m.c.id.in_(picked)).returning(m.c.id)))
+
+
+def delete_stale_runner_managers(
+    engine: Engine,
+    schema: GitLabSchema,
+    *,
+    now: dt.datetime,
+    stale_after: dt.timedelta = STALE_TIMEOUT,
+    sub_batch_limit: int = SUB_BATCH_LIMIT,
+    max_deletions: int = MAX_DELETIONS,
+    on_sub_batch: Callable[[list[int]], None] = lambda deleted_ids: None,
+) -> CleanupResult:
+    """GitLab's loop: stop when a pass deletes 0 or ``max_deletions`` are gone (then no trailing 0)."""
+    if sub_batch_limit < 1 or max_deletions < 1:
+        raise ValueError("sub_batch_limit and max_deletions must be at least 1")
+    deadline = stale_deadline(now, stale_after)
+    result = CleanupResult(max_deletions=max_deletions)
+    while True:
+        # The last pass never overshoots the cap.
+        deleted = delete_sub_batch(engine, schema, deadline, min(sub_batch_limit, max_deletions - result.total_deleted))
+        result.batch_counts.append(len(deleted))
+        result.total_deleted += len(deleted)
+        on_sub_batch(deleted)
+        if not deleted or result.total_deleted >= max_deletions:
+            return result

@@ -1,0 +1,147 @@
+"""The public contract (SPEC §1) and the ways a user starts things: the dagster CLI, ci-cleanup demo and dev."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from sqlalchemy import text
+
+from ci_cleanup import defs
+from ci_cleanup.demo import seed
+
+BIN = Path(sys.executable).parent
+SCHEDULES = {
+    "drop_canceling_builds_schedule": ("drop_canceling_builds", "45 * * * *"),
+    "stale_runner_machines_cleanup_schedule": ("stale_runner_machines_cleanup", "36 * * * *"),
+    "stuck_export_jobs_schedule": ("stuck_export_jobs", "30 * * * *"),
+    "environments_auto_stop_schedule": ("environments_auto_stop", "24 * * * *"),
+    "schedule_bulk_delete_job_artifacts_schedule": ("schedule_bulk_delete_job_artifacts", "*/7 * * * *"),
+}
+# Per job, a fingerprint of the rows it works on: a run over the demo dataset must change it.
+WORK = {
+    "drop_canceling_builds": "SELECT md5(string_agg(status || id, ',' ORDER BY id)) FROM ci_builds",
+    "stale_runner_machines_cleanup": "SELECT count(*) FROM ci_runner_machines",
+    "stuck_export_jobs": "SELECT md5(string_agg(status || '-' || id, ',' ORDER BY id)) FROM project_export_jobs",
+    "environments_auto_stop": "SELECT md5(string_agg(state || id, ',' ORDER BY id)) FROM environments",
+    "schedule_bulk_delete_job_artifacts": "SELECT count(*) FROM ci_job_artifacts",
+}
+
+
+def clean_env(**extra) -> dict[str, str]:
+    """The process environment without any ci_cleanup or Dagster setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CI_CLEANUP_", "DAGSTER_"))}
+    return {**env, **extra}
+
+
+def test_every_schedule_of_the_contract_runs_its_job_on_its_cron_in_utc():
+    schedules = {s.name: s for s in defs.resolve_all_schedule_defs()}
+    assert set(SCHEDULES) <= set(schedules)
+    for name, (job_name, cron) in SCHEDULES.items():
+        assert (schedules[name].job_name, schedules[name].cron_schedule, schedules[name].execution_timezone) == (
+            job_name, cron, "UTC"
+        )
+
+
+def test_definitions_validate(tmp_path):
+    done = subprocess.run(
+        [BIN / "dagster", "definitions", "validate", "-m", "ci_cleanup"],
+        env=clean_env(DAGSTER_HOME=str(tmp_path)), capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Validation successful" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("job_name", sorted(WORK))
+def test_dagster_job_execute_works_with_only_the_two_env_vars(stack, engine, redis_client, tmp_path, job_name):
+    seed(engine, redis_client)
+    with engine.connect() as conn:
+        before = conn.scalar(text(WORK[job_name]))
+
+    done = subprocess.run(
+        [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", job_name],
+        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url),
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RUN_SUCCESS" in done.stderr
+    with engine.connect() as conn:
+        assert conn.scalar(text(WORK[job_name])) != before
+
+
+def _servers_of(data_dir: Path) -> list[psutil.Process]:
+    """PostgreSQL processes of the stack in ``data_dir``, and its Redis if its socket still answers."""
+    procs = [p for p in psutil.process_iter(["cmdline"]) if str(data_dir) in " ".join(p.info["cmdline"] or [])]
+    settings = data_dir / "redis" / "dump.rdb.settings"
+    if settings.exists():
+        try:
+            redis.Redis(unix_socket_path=json.loads(settings.read_text())["unixsocket"]).ping()
+            procs.append("redis")
+        except (redis.ConnectionError, FileNotFoundError):
+            pass
+    return procs
+
+
+def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it(tmp_path):
+    data_dir = tmp_path / "dev"
+    done = subprocess.run(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
+        env=clean_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for job in defs.resolve_all_job_defs():
+        if not job.name.startswith("__"):
+            assert f"{job.name:40} ok" in done.stdout
+    assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
+    assert _servers_of(data_dir) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_everything(tmp_path):
+    data_dir, port = tmp_path / "dev", _free_port()
+    process = subprocess.Popen(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None, process.stdout.read()[-3000:]
+                assert time.monotonic() < deadline, "the UI did not come up in 180 s"
+                time.sleep(1)
+        query = '{ schedulesOrError(repositorySelector: {repositoryName: "__repository__", repositoryLocationName: "ci_cleanup"}) { ... on Schedules { results { name cronSchedule executionTimezone } } } }'
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        listed = json.load(urllib.request.urlopen(request, timeout=30))["data"]["schedulesOrError"]["results"]
+        shown = {s["name"]: (s["cronSchedule"], s["executionTimezone"]) for s in listed if s["name"] in SCHEDULES}
+        assert shown == {name: (cron, "UTC") for name, (_, cron) in SCHEDULES.items()}
+        listening = {c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port}
+        assert listening == {"127.0.0.1"}
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, as in a terminal
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output[-3000:]
+    assert _servers_of(data_dir) == []

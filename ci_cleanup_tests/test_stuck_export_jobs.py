@@ -1,0 +1,331 @@
+"""Seed 002 / SPEC 4.3: export jobs whose Sidekiq job is gone are failed; everything else is left as it is."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import redis
+from dagster import DagsterInstance
+from sqlalchemy import text, update
+
+from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.sidekiq_status import status_key
+from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup.stuck_export_jobs import service
+from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
+
+from .factories import S, ago, create, ids, row
+from .runner import op_metadata, run_job
+
+QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
+REPORT = "report_stuck_export_jobs"
+J = S.project_export_jobs
+
+
+def export_job(engine, jid: str, status: int = QUEUED, **values) -> int:
+    values = {"created_at": ago(hours=1), "updated_at": ago(hours=1), **values}
+    return create(engine, "project_export_jobs", jid=jid, status=status, **values)
+
+
+def in_sidekiq(redis_client, *jids: str) -> None:
+    """GitLab's SidekiqStatus.set: the key lives while the job is enqueued or running."""
+    for jid in jids:
+        redis_client.set(status_key(jid), 1, ex=30 * 60)
+
+
+def assert_failed(engine, job_id: int) -> None:
+    job = row(engine, "project_export_jobs", job_id)
+    assert job.status == FAILED
+    assert abs(job.updated_at - utc_now()) < dt.timedelta(minutes=1)
+
+
+def stuck_in(engine, redis_client, grace_cutoff=None):
+    """The service's first read and Redis check, as the run does them for one chunk."""
+    with engine.connect() as conn:
+        candidates = service.enqueued_exports(conn, S, 0, service.CHUNK_SIZE)
+        return service.find_stuck(conn, S, redis_client, candidates, grace_cutoff or utc_now() - service.EXPORT_JOBS_EXPIRATION)
+
+
+def run_with_redis(stack, redis_url: str, queues_url: str | None = None, **kwargs):
+    return stuck_export_jobs.execute_in_process(
+        resources={
+            "gitlab_db": GitLabDatabase(url=stack.url()),
+            "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),
+            "run_options": RunOptions(),
+        },
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+        **kwargs,
+    )
+
+
+def failure_message(result) -> str:
+    failure = next(e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE") and e.event_specific_data and getattr(e.event_specific_data, "error", None))
+    error = failure.event_specific_data.error
+    messages = []
+    while error is not None:
+        messages.append(error.message)
+        error = error.cause
+    return "\n".join(messages)
+
+
+def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, redis_client):
+    queued = export_job(engine, "jid-queued", QUEUED)
+    started = export_job(engine, "jid-started", STARTED)
+
+    result = run_job(stuck_export_jobs, stack)
+
+    assert_failed(engine, queued)
+    assert_failed(engine, started)
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["failed_jobs_count"], report["rows_changed"]) == ("success", 2, 2)
+    assert report["job_ids"] == ["jid-queued", "jid-started"]
+    assert report["failed_export_job_ids"] == [queued, started]
+    observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert [o.asset_key.path for o in observations] == [["gitlab", "project_export_jobs"]]
+    assert observations[0].metadata["stuck_export_jobs"].value == 2
+
+
+def test_job_with_status_key_present_is_kept(stack, engine, redis_client):
+    queued = export_job(engine, "jid-queued", QUEUED)
+    started = export_job(engine, "jid-started", STARTED)
+    in_sidekiq(redis_client, "jid-queued", "jid-started")
+    before = [row(engine, "project_export_jobs", i) for i in (queued, started)]
+
+    result = run_job(stuck_export_jobs, stack)
+
+    assert [row(engine, "project_export_jobs", i) for i in (queued, started)] == before
+    report = op_metadata(result, REPORT)
+    assert (report["failed_jobs_count"], report["job_ids"], report["running_count"]) == (0, [], 2)
+    assert redis_client.exists(status_key("jid-queued"), status_key("jid-started")) == 2
+
+
+@pytest.mark.parametrize("status", [FINISHED, FAILED])
+def test_finished_and_failed_jobs_are_untouched(stack, engine, redis_client, status):
+    job_id = export_job(engine, "jid-done", status)
+    before = row(engine, "project_export_jobs", job_id)
+
+    result = run_job(stuck_export_jobs, stack)
+
+    assert row(engine, "project_export_jobs", job_id) == before
+    assert op_metadata(result, REPORT)["candidates"] == 0
+
+
+def test_job_that_finishes_between_the_redis_check_and_the_update_is_not_failed(stack, engine, redis_client):
+    finishing = export_job(engine, "jid-finishing", STARTED)
+    stuck = export_job(engine, "jid-stuck", STARTED)
+    chunk = stuck_in(engine, redis_client)
+    assert [job.id for job in chunk.stuck] == [finishing, stuck]
+    with engine.begin() as conn:  # ProjectExportWorker finishes the export after our re-read
+        conn.execute(update(J).where(J.c.id == finishing).values(status=FINISHED, updated_at=utc_now()))
+    finished_row = row(engine, "project_export_jobs", finishing)
+
+    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+
+    assert row(engine, "project_export_jobs", finishing) == finished_row
+    assert_failed(engine, stuck)
+    assert outcome.changed_meanwhile == [finishing]
+    assert [job.id for job in outcome.failed] == [stuck]
+
+
+def test_job_that_finishes_before_the_re_read_is_not_failed(stack, engine, redis_client):
+    finishing = export_job(engine, "jid-finishing", STARTED)
+    with engine.connect() as conn:
+        candidates = service.enqueued_exports(conn, S, 0, 100)
+    with engine.begin() as conn:
+        conn.execute(update(J).where(J.c.id == finishing).values(status=FINISHED))
+    with engine.connect() as conn:
+        chunk = service.find_stuck(conn, S, redis_client, candidates, utc_now() - service.EXPORT_JOBS_EXPIRATION)
+    assert (chunk.stuck, chunk.left_meanwhile) == ([], [finishing])
+
+
+def test_job_re_enqueued_under_a_new_jid_is_kept(stack, engine, redis_client):
+    job_id = export_job(engine, "jid-old", STARTED)
+    with engine.connect() as conn:
+        candidates = service.enqueued_exports(conn, S, 0, 100)
+    with engine.begin() as conn:  # the export was enqueued again; the old jid's key is gone, the new one's not yet set
+        conn.execute(update(J).where(J.c.id == job_id).values(jid="jid-new", status=QUEUED))
+    before = row(engine, "project_export_jobs", job_id)
+
+    with engine.connect() as conn:
+        chunk = service.find_stuck(conn, S, redis_client, candidates, utc_now() - service.EXPORT_JOBS_EXPIRATION)
+    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+
+    assert chunk.reenqueued == [job_id] and chunk.stuck == [] and outcome.failed == []
+    assert row(engine, "project_export_jobs", job_id) == before
+
+
+def test_job_re_enqueued_after_the_re_read_is_not_failed(stack, engine, redis_client):
+    job_id = export_job(engine, "jid-old", STARTED)
+    chunk = stuck_in(engine, redis_client)
+    with engine.begin() as conn:
+        conn.execute(update(J).where(J.c.id == job_id).values(jid="jid-new", status=QUEUED))
+    before = row(engine, "project_export_jobs", job_id)
+
+    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+
+    assert row(engine, "project_export_jobs", job_id) == before
+    assert outcome.changed_meanwhile == [job_id]
+
+
+def test_parallel_export_younger_than_6_hours_is_kept_and_older_is_failed(stack, engine, redis_client):
+    young = export_job(engine, "jid-young", STARTED, created_at=ago(hours=5, minutes=50))
+    old = export_job(engine, "jid-old", STARTED, created_at=ago(hours=6, minutes=10))
+    old_plain = export_job(engine, "jid-old-plain", STARTED, created_at=ago(hours=6, minutes=10))
+    young_plain = export_job(engine, "jid-young-plain", STARTED, created_at=ago(minutes=10))
+    for job_id in (young, old):
+        create(engine, "project_relation_exports", project_export_job_id=job_id, relation="issues")
+        create(engine, "project_relation_exports", project_export_job_id=job_id, relation="merge_requests")
+    before = row(engine, "project_export_jobs", young)
+
+    result = run_job(stuck_export_jobs, stack)
+
+    assert row(engine, "project_export_jobs", young) == before
+    for job_id in (old, old_plain, young_plain):  # without relation exports there is no grace
+        assert_failed(engine, job_id)
+    report = op_metadata(result, REPORT)
+    assert (report["failed_jobs_count"], report["parallel_in_grace_count"]) == (3, 1)
+    assert report["failed_export_job_ids"] == [old, old_plain, young_plain]
+
+
+def test_grace_period_is_config(stack, engine, redis_client):
+    parallel = export_job(engine, "jid-parallel", STARTED, created_at=ago(hours=2))
+    create(engine, "project_relation_exports", project_export_job_id=parallel)
+
+    run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": {"relation_exports_grace_hours": 1}}}})
+
+    assert_failed(engine, parallel)
+
+
+def test_300_mixed_jobs_with_every_third_key_present_fail_exactly_the_right_200(stack, engine, redis_client):
+    with engine.begin() as conn:
+        conn.execute(
+            J.insert(),
+            [dict(project_id=i % 11, status=i % 2, jid=f"jid-{i:03}", created_at=ago(hours=1), updated_at=ago(hours=1)) for i in range(300)],
+        )
+    in_sidekiq(redis_client, *[f"jid-{i:03}" for i in range(0, 300, 3)])
+    running = [i + 1 for i in range(0, 300, 3)]
+    stuck = [i + 1 for i in range(300) if i % 3]
+
+    result = run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": 64}}}})
+
+    assert ids(engine, "project_export_jobs", J.c.status == FAILED) == stuck
+    assert ids(engine, "project_export_jobs", J.c.status.in_([QUEUED, STARTED])) == running
+    report = op_metadata(result, REPORT)
+    assert (report["failed_jobs_count"], report["rows_changed"], report["running_count"], report["chunks"]) == (200, 200, 100, 5)
+    assert report["failed_export_job_ids"] == stuck
+    assert report["job_ids"] == [f"jid-{i - 1:03}" for i in stuck]
+
+
+def test_unreachable_redis_fails_the_run_naming_redis_and_changes_nothing(stack, engine, tmp_path):
+    job_id = export_job(engine, "jid-stuck", STARTED)
+    before = row(engine, "project_export_jobs", job_id)
+
+    result = run_with_redis(stack, stack.redis_url, queues_url=f"unix://{tmp_path}/no-redis.sock")
+
+    assert not result.success
+    assert "Sidekiq's Redis (CI_CLEANUP_REDIS_QUEUES_URL)" in failure_message(result)
+    assert row(engine, "project_export_jobs", job_id) == before
+
+    result = run_with_redis(stack, f"unix://{tmp_path}/no-redis.sock")
+
+    assert not result.success
+    assert "Cannot reach Redis" in failure_message(result)
+    assert row(engine, "project_export_jobs", job_id) == before
+
+
+def test_redis_lost_mid_run_raises_and_changes_nothing(stack, engine, tmp_path):
+    job_id = export_job(engine, "jid-stuck", STARTED)
+    before = row(engine, "project_export_jobs", job_id)
+    gone = redis.Redis(unix_socket_path=str(tmp_path / "gone.sock"))
+
+    with pytest.raises(redis.ConnectionError):
+        service.mark_stuck_jobs_as_failed(engine, S, gone, grace_cutoff=utc_now() - service.EXPORT_JOBS_EXPIRATION)
+
+    assert row(engine, "project_export_jobs", job_id) == before
+
+
+def test_bad_row_is_reported_and_the_others_are_failed(stack, engine, redis_client):
+    good_before = export_job(engine, "jid-a", STARTED)
+    bad = export_job(engine, "jid-bad", STARTED)
+    good_after = export_job(engine, "jid-b", QUEUED)
+    with engine.begin() as conn:  # failing `bad` is refused by the database, as a broken row would be
+        conn.execute(text(f"""
+            CREATE FUNCTION reject_fail() RETURNS trigger AS $$ BEGIN
+              IF NEW.id = {bad} AND NEW.status = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER reject_fail BEFORE UPDATE ON project_export_jobs FOR EACH ROW EXECUTE FUNCTION reject_fail();
+        """))
+    bad_before = row(engine, "project_export_jobs", bad)
+    try:
+        result = run_job(stuck_export_jobs, stack)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER reject_fail ON project_export_jobs; DROP FUNCTION reject_fail()"))
+
+    assert result.success
+    assert_failed(engine, good_before)
+    assert_failed(engine, good_after)
+    assert row(engine, "project_export_jobs", bad) == bad_before
+    report = op_metadata(result, REPORT)
+    assert (report["failed_jobs_count"], report["errors_count"]) == (2, 1)
+    assert report["errors"] == [f"export job {bad}: row is broken"]
+    assert report["job_ids"] == ["jid-a", "jid-b"]
+
+
+def test_dry_run_reports_the_stuck_jobs_and_writes_nothing(stack, engine, redis_client):
+    stuck = [export_job(engine, f"jid-{i}", STARTED) for i in range(3)]
+    running = export_job(engine, "jid-running", QUEUED)
+    in_sidekiq(redis_client, "jid-running")
+    before = [row(engine, "project_export_jobs", i) for i in (*stuck, running)]
+    keys_before = sorted(redis_client.keys("*"))
+    instance = DagsterInstance.ephemeral()
+
+    result = run_job(stuck_export_jobs, stack, dry_run=True, instance=instance)
+
+    assert [row(engine, "project_export_jobs", i) for i in (*stuck, running)] == before
+    assert sorted(redis_client.keys("*")) == keys_before
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["rows_changed"], report["would_fail_count"]) == ("dry run", 0, 3)
+    assert report["would_fail_job_ids"] == ["jid-0", "jid-1", "jid-2"]
+    assert report["would_fail_export_job_ids"] == stuck
+    assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
+
+
+@pytest.mark.parametrize(
+    "bad", [{"chunk_size": 0}, {"chunk_size": 1_000_000}, {"relation_exports_grace_hours": -1}, {"relation_exports_grace_hours": 100_000}]
+)
+def test_invalid_config_is_refused_before_anything_is_written(stack, engine, redis_client, bad):
+    job_id = export_job(engine, "jid-stuck", STARTED)
+    before = row(engine, "project_export_jobs", job_id)
+
+    result = run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": bad}}}, raise_on_error=False)
+
+    assert not result.success
+    assert row(engine, "project_export_jobs", job_id) == before
+
+
+def test_missing_table_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
+    from sqlalchemy import create_engine
+
+    scratch = create_engine(scratch_database)
+    create_schema(scratch)
+    with scratch.begin() as conn:
+        conn.execute(text("DROP TABLE project_relation_exports"))
+        conn.execute(text("INSERT INTO project_export_jobs (id, project_id, status, jid, created_at, updated_at) VALUES (1, 1, 1, 'j', now(), now())"))
+
+    result = run_job(stuck_export_jobs, stack, database_url=scratch_database, raise_on_error=False)
+
+    assert not result.success
+    assert "table project_relation_exports" in failure_message(result)
+    with scratch.connect() as conn:
+        assert conn.execute(text("SELECT status FROM project_export_jobs")).scalar_one() == STARTED
+    scratch.dispose()
+
+
+def test_schedule_runs_at_30_past_every_hour_utc():
+    assert stuck_export_jobs_schedule.cron_schedule == "30 * * * *"
+    assert stuck_export_jobs_schedule.execution_timezone == "UTC"
+    assert stuck_export_jobs_schedule.job_name == "stuck_export_jobs"
