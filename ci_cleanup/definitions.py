@@ -8,10 +8,12 @@ from dagster import AssetSpec, Definitions, EnvVar
 
 from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .stale_runner_machines_cleanup.job import stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule
 
 # GitLab's tables, declared so that each batch's per-batch observations are plotted on them in the UI.
 gitlab_tables = [
     AssetSpec(["gitlab", "ci_builds"], group_name="gitlab", description="Builds; drop_canceling_builds fails stuck canceling ones"),
+    AssetSpec(["gitlab", "ci_runner_machines"], group_name="gitlab", description="Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days"),
 ]
 
 
@@ -29,7 +31,7 @@ def resources() -> dict:
 
 defs = Definitions(
     assets=gitlab_tables,
-    jobs=[drop_canceling_builds],
-    schedules=[drop_canceling_builds_schedule],
+    jobs=[drop_canceling_builds, stale_runner_machines_cleanup],
+    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule],
     resources=resources(),
 )

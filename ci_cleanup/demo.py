@@ -34,7 +34,28 @@ def seed_builds(conn: Connection, queues: redis.Redis, schema: GitLabSchema, rng
     conn.execute(insert(schema.ci_builds), rows)
 
 
-SEEDERS = [seed_builds]
+def seed_runner_machines(conn: Connection, queues: redis.Redis, schema: GitLabSchema, rng: random.Random, now: dt.datetime) -> None:
+    """stale_runner_machines_cleanup: 130 machines silent for over 7 days (two sub-batches), and live or new ones."""
+    rows = []
+    for i in range(130):
+        created = now - dt.timedelta(days=rng.randint(8, 400))
+        contacted = None if i % 4 == 0 else created + (now - created - dt.timedelta(days=7)) * rng.random()
+        rows.append(dict(created_at=created, contacted_at=contacted))
+    for i in range(40):  # old but contacted within the week, or registered within the week and never contacted
+        if i % 2:
+            created, contacted = now - dt.timedelta(days=rng.randint(8, 400)), now - dt.timedelta(hours=rng.randint(0, 160))
+        else:
+            created, contacted = now - dt.timedelta(days=rng.randint(0, 6), hours=rng.randint(0, 23)), None
+        rows.append(dict(created_at=created, contacted_at=contacted))
+    for values in rows:
+        values.update(
+            runner_id=rng.randint(1, 12), system_xid=f"r_{rng.getrandbits(48):012x}", runner_type=rng.choice([1, 2, 3]),
+            updated_at=values["contacted_at"] or values["created_at"],
+        )
+    conn.execute(insert(schema.ci_runner_machines), rows)
+
+
+SEEDERS = [seed_builds, seed_runner_machines]
 
 
 def seed(engine: Engine, redis_client: redis.Redis, *, random_seed: int = 0) -> None:
