@@ -1,0 +1,365 @@
+"""Seed 003 / SPEC 4.4: environments past their auto-stop time are stopped as GitLab's StopService does."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+
+import pytest
+from dagster import DagsterInstance
+from sqlalchemy import create_engine, text
+
+from ci_cleanup.environments_auto_stop import service
+from ci_cleanup.environments_auto_stop.job import (
+    LEASE_KEY,
+    LEASE_TTL_SECONDS,
+    environments_auto_stop,
+    environments_auto_stop_schedule,
+)
+from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
+from ci_cleanup.gitlab.schema import create_schema
+from ci_cleanup.runs import DRY_RUN_TAG
+
+from .factories import S, ago, create, ids, naive_ago, row
+from .runner import op_metadata, run_job
+
+LEASE = PREFIX + LEASE_KEY
+CONFIG = "find_auto_stoppable_environments"
+_names = itertools.count(1)
+
+
+def environment(engine, *, auto_stop_at=None, **values) -> int:
+    n = next(_names)
+    return create(
+        engine, "environments", name=f"review/app-{n}", slug=f"review-app-{n}",
+        auto_stop_at=ago(hours=1) if auto_stop_at is None else auto_stop_at,
+        created_at=naive_ago(days=3), updated_at=naive_ago(days=3), **values,
+    )
+
+
+def review_app(engine, *, stop_status="manual", **values) -> tuple[int, int]:
+    """An expired review app deployed by `deploy` in pipeline 500+n, with its `stop_review` action."""
+    env_id = environment(engine, **values)
+    pipeline = 500 + env_id
+    deploy = create(engine, "ci_builds", commit_id=pipeline, name="deploy", status="success")
+    stop = create(engine, "ci_builds", commit_id=pipeline, name="stop_review", status=stop_status, queued_at=None)
+    create(engine, "deployments", environment_id=env_id, deployable_id=deploy, on_stop="stop_review", status=2)
+    return env_id, stop
+
+
+def report(result) -> dict:
+    return op_metadata(result, "report_auto_stop")
+
+
+def near_now(value: dt.datetime) -> bool:
+    return abs(value - naive_ago()) < dt.timedelta(minutes=1)
+
+
+def assert_stopped(engine, env_id: int) -> None:
+    env = row(engine, "environments", env_id)
+    assert (env.state, env.auto_stop_at) == ("stopped", None)
+    assert near_now(env.updated_at)
+
+
+def test_plain_environment_is_stopped(stack, engine, redis_client):
+    env_id = environment(engine)
+
+    result = run_job(environments_auto_stop, stack)
+
+    assert_stopped(engine, env_id)
+    meta = report(result)
+    assert (meta["status"], meta["rows_changed"], meta["stopped_count"], meta["stopping_count"]) == ("success", 1, 1, 0)
+    assert (meta["left_untouched_count"], meta["failed_count"], meta["loops"], meta["limit_reached"]) == (0, 0, 1, None)
+    assert meta["stopped_ids"] == [env_id]
+    assert redis_client.exists(LEASE) == 0  # released after the run
+
+
+def test_review_apps_with_stop_actions_go_stopping_and_their_stop_builds_pending(stack, engine, redis_client):
+    apps = [review_app(engine) for _ in range(2)]
+    auto_stop_ats = [row(engine, "environments", env_id).auto_stop_at for env_id, _ in apps]
+
+    result = run_job(environments_auto_stop, stack)
+
+    for (env_id, stop_id), auto_stop_at in zip(apps, auto_stop_ats):
+        env = row(engine, "environments", env_id)
+        assert (env.state, env.auto_stop_at) == ("stopping", auto_stop_at)
+        assert near_now(env.updated_at)
+        build = row(engine, "ci_builds", stop_id)
+        assert (build.status, build.lock_version) == ("pending", 1)
+        assert near_now(build.queued_at) and near_now(build.updated_at)
+    # the deploy builds are not stop actions
+    assert ids(engine, "ci_builds", S.ci_builds.c.name == "deploy", S.ci_builds.c.status == "success") == [1, 3]
+    with engine.connect() as conn:  # played builds join the runners' queue
+        assert sorted(conn.execute(text("SELECT build_id, project_id FROM ci_pending_builds")).all()) == [(2, 1), (4, 1)]
+    meta = report(result)
+    assert (meta["stopping_count"], meta["stop_actions_started"], meta["stopped_count"], meta["rows_changed"]) == (2, 2, 0, 4)
+    assert meta["stopping_ids"] == [env_id for env_id, _ in apps]
+
+
+def test_stop_action_not_manual_is_left_as_is_and_environment_goes_stopping(stack, engine, redis_client):
+    env_id, stop_id = review_app(engine, stop_status="success")
+    before = row(engine, "ci_builds", stop_id)
+
+    result = run_job(environments_auto_stop, stack)
+
+    assert row(engine, "environments", env_id).state == "stopping"
+    assert row(engine, "ci_builds", stop_id) == before
+    assert (report(result)["stopping_count"], report(result)["stop_actions_started"]) == (1, 0)
+
+
+def test_stop_actions_come_from_the_last_successful_deployment(stack, engine, redis_client):
+    env_id = environment(engine)
+    old_deploy = create(engine, "ci_builds", commit_id=10, name="deploy", status="success")
+    old_stop = create(engine, "ci_builds", commit_id=10, name="stop_review", status="manual")
+    create(engine, "deployments", environment_id=env_id, deployable_id=old_deploy, on_stop="stop_review", status=2)
+    new_deploy = create(engine, "ci_builds", commit_id=20, name="deploy", status="success")
+    new_stop = create(engine, "ci_builds", commit_id=20, name="stop_review", status="manual")
+    bridge = create(engine, "ci_builds", commit_id=20, name="stop_review", type="Ci::Bridge", status="manual")
+    create(engine, "deployments", environment_id=env_id, deployable_id=new_deploy, on_stop="stop_review", status=2)
+    failed_deploy = create(engine, "ci_builds", commit_id=30, name="deploy", status="failed")
+    failed_stop = create(engine, "ci_builds", commit_id=30, name="stop_review", status="manual")
+    create(engine, "deployments", environment_id=env_id, deployable_id=failed_deploy, on_stop="stop_review", status=3)
+
+    run_job(environments_auto_stop, stack)
+
+    assert row(engine, "environments", env_id).state == "stopping"
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [new_stop]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, failed_stop]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(dict(auto_stop_at=ago(hours=-1)), id="future"),
+        pytest.param(dict(auto_stop_at=dt.datetime.max.replace(tzinfo=dt.timezone.utc)), id="far future"),
+        pytest.param(dict(state="stopped"), id="already stopped"),
+        pytest.param(dict(state="stopping"), id="already stopping"),
+    ],
+)
+def test_environment_not_due_is_untouched(stack, engine, redis_client, values):
+    env_id = environment(engine, **values)
+    before = row(engine, "environments", env_id)
+    result = run_job(environments_auto_stop, stack)
+    assert row(engine, "environments", env_id) == before
+    assert (report(result)["rows_changed"], report(result)["loops"]) == (0, 0)
+
+
+def test_environment_without_auto_stop_at_is_untouched(stack, engine, redis_client):
+    env_id = create(engine, "environments", auto_stop_at=None)
+    before = row(engine, "environments", env_id)
+    run_job(environments_auto_stop, stack)
+    assert row(engine, "environments", env_id) == before
+
+
+def test_with_action_setting_without_stop_actions_is_untouched_and_not_picked_again(stack, engine, redis_client):
+    with engine.begin() as conn:
+        conn.execute(
+            S.environments.insert(),
+            [dict(project_id=1, name=f"review/{i}", slug=f"review-{i}", state="available", auto_stop_at=ago(hours=2),
+                  auto_stop_setting=1 if i < 150 else 0, created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
+             for i in range(410)],
+        )
+    with_action = ids(engine, "environments", S.environments.c.auto_stop_setting == 1)
+
+    result = run_job(environments_auto_stop, stack)
+
+    assert ids(engine, "environments", S.environments.c.state == "available") == with_action
+    assert len(ids(engine, "environments", S.environments.c.state == "stopped", S.environments.c.auto_stop_at.is_(None))) == 260
+    meta = report(result)
+    assert (meta["stopped_count"], meta["left_untouched_count"], meta["loops"], meta["limit_reached"]) == (260, 150, 5, None)
+    observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert [o.metadata["stopped"].value for o in observations] == [0, 50, 100, 100, 10]
+    assert [o.metadata["left_untouched"].value for o in observations] == [100, 50, 0, 0, 0]
+    assert all(o.asset_key.path == ["gitlab", "environments"] for o in observations)
+
+
+def test_lease_held_elsewhere_changes_nothing(stack, engine, redis_client):
+    env_id = environment(engine)
+    before = row(engine, "environments", env_id)
+    redis_client.set(LEASE, "someone-else", ex=1200)
+
+    result = run_job(environments_auto_stop, stack)
+
+    assert result.success
+    assert row(engine, "environments", env_id) == before
+    assert redis_client.get(LEASE) == b"someone-else"
+    assert 1190 <= redis_client.ttl(LEASE) <= 1200
+    assert (report(result)["status"], report(result)["rows_changed"]) == ("skipped: lease held", 0)
+
+
+def test_lease_is_released_when_the_run_fails(stack, engine, redis_client, monkeypatch):
+    env_id = environment(engine)
+    taken = []
+
+    def crash(*args, **kwargs):
+        taken.append((redis_client.get(LEASE), redis_client.ttl(LEASE)))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(service, "auto_stop_environments", crash)
+    result = run_job(environments_auto_stop, stack, raise_on_error=False)
+
+    assert not result.success
+    assert taken[0][0] == result.run_id.encode()  # held by this run, for 50 minutes, while it worked
+    assert LEASE_TTL_SECONDS - 10 <= taken[0][1] <= LEASE_TTL_SECONDS
+    assert redis_client.exists(LEASE) == 0
+    assert row(engine, "environments", env_id).state == "available"
+
+
+def test_lease_taken_over_mid_run_stops_the_run(stack, engine, redis_client, monkeypatch):
+    first, second = environment(engine), environment(engine)
+    renew = ExclusiveLease.renew
+
+    def taken_over(lease):  # another process holds the key by the time we renew after batch 1
+        redis_client.set(LEASE, "someone-else", ex=600)
+        return renew(lease)
+
+    monkeypatch.setattr(ExclusiveLease, "renew", taken_over)
+    result = run_job(environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": {"batch_size": 1}}}}, raise_on_error=False)
+
+    assert not result.success
+    assert_stopped(engine, first)
+    assert row(engine, "environments", second).state == "available"
+    assert redis_client.get(LEASE) == b"someone-else"  # the other holder's lease is not released by us
+
+
+def test_loop_limit_config_is_honoured(stack, engine, redis_client):
+    env_ids = [environment(engine) for _ in range(3)]
+
+    result = run_job(
+        environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": {"max_loops": 1, "batch_size": 1}}}}
+    )
+
+    assert_stopped(engine, env_ids[0])
+    assert ids(engine, "environments", S.environments.c.state == "available") == env_ids[1:]
+    meta = report(result)
+    assert (meta["stopped_count"], meta["loops"], meta["limit_reached"]) == (1, 1, "loops")
+
+
+def test_time_limit_ends_the_loop_before_a_new_batch(stack, engine):
+    env_ids = [environment(engine) for _ in range(3)]
+    ticks = iter([0.0, 10.0, 46 * 60.0])
+
+    result = service.auto_stop_environments(engine, S, batch_size=1, clock=lambda: next(ticks))
+
+    assert (result.loops, result.limit_reached, result.counts[service.STOPPED]) == (2, "time", 2)
+    assert ids(engine, "environments", S.environments.c.state == "available") == env_ids[2:]
+
+
+def test_environment_whose_stop_fails_is_reported_and_the_others_are_stopped(stack, engine, redis_client):
+    good_before = environment(engine)
+    bad = environment(engine)
+    good_after, good_stop = review_app(engine)
+    with engine.begin() as conn:  # stopping `bad` fails in the database, as a broken row would
+        conn.execute(text(f"""
+            CREATE FUNCTION reject_stop() RETURNS trigger AS $$ BEGIN
+              IF NEW.id = {bad} THEN RAISE EXCEPTION 'environment is broken'; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER reject_stop BEFORE UPDATE ON environments FOR EACH ROW EXECUTE FUNCTION reject_stop();
+        """))
+    bad_row = row(engine, "environments", bad)
+    try:
+        result = run_job(environments_auto_stop, stack)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER reject_stop ON environments; DROP FUNCTION reject_stop()"))
+
+    assert result.success
+    assert row(engine, "environments", bad) == bad_row
+    assert_stopped(engine, good_before)
+    assert row(engine, "environments", good_after).state == "stopping"
+    assert row(engine, "ci_builds", good_stop).status == "pending"
+    meta = report(result)
+    assert (meta["failed_count"], meta["stopped_count"], meta["stopping_count"], meta["rows_changed"]) == (1, 1, 1, 3)
+    assert meta["failed_ids"] == [bad]
+    assert meta["errors"] == [f"environment {bad}: environment is broken"]
+    assert redis_client.exists(LEASE) == 0
+
+
+def test_environment_restarted_after_it_was_read_is_not_overwritten(stack, engine):
+    env_id = environment(engine)
+    with engine.connect() as conn:
+        [read] = service.find_batch(conn, S, ago(), 0, 100)
+    with engine.begin() as conn:  # a new deployment pushes auto_stop_at into the future
+        conn.execute(S.environments.update().where(S.environments.c.id == env_id).values(auto_stop_at=ago(days=-1)))
+    before = row(engine, "environments", env_id)
+
+    outcome, played = service.stop_environment(engine, S, read, [], ago())
+
+    assert (outcome, played) == (service.CHANGED_CONCURRENTLY, [])
+    assert row(engine, "environments", env_id) == before
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])
+def test_session_time_zone_does_not_change_the_result(stack, engine, redis_client, zone):
+    due = environment(engine, auto_stop_at=ago(minutes=5))
+    not_due = environment(engine, auto_stop_at=ago(minutes=-5))
+    before = row(engine, "environments", not_due)
+
+    run_job(environments_auto_stop, stack, database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+
+    assert_stopped(engine, due)  # updated_at written as naive UTC
+    assert row(engine, "environments", not_due) == before
+
+
+def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
+    plain = environment(engine)
+    app, stop = review_app(engine)
+    kept = environment(engine, auto_stop_setting=1)
+    before = {t: [row(engine, t, i) for i in ids(engine, t)] for t in ("environments", "ci_builds", "deployments")}
+    instance = DagsterInstance.ephemeral()
+
+    result = run_job(environments_auto_stop, stack, dry_run=True, instance=instance)
+
+    assert {t: [row(engine, t, i) for i in ids(engine, t)] for t in before} == before
+    assert ids(engine, "ci_pending_builds") == []
+    would = op_metadata(result, "stop_environments")
+    assert (would["would_stop_count"], would["would_stop_ids"]) == (1, [plain])
+    assert (would["would_set_stopping_count"], would["would_set_stopping_ids"]) == (1, [app])
+    assert (would["would_start_stop_actions_count"], would["would_start_stop_action_ids"]) == (1, [stop])
+    assert (would["would_leave_untouched_count"], would["would_leave_untouched_ids"]) == (1, [kept])
+    meta = report(result)
+    assert (meta["status"], meta["rows_changed"], meta["stopped_count"]) == ("dry run", 0, 0)
+    assert redis_client.keys("*") == []
+    assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
+
+
+@pytest.mark.parametrize(
+    "bad", [{"batch_size": 0}, {"max_loops": 0}, {"max_runtime_minutes": -5}, {"max_runtime_minutes": 50}, {"batch_size": 1_000_000}]
+)
+def test_invalid_config_is_refused_before_anything_is_written(stack, engine, redis_client, bad):
+    env_id = environment(engine)
+    before = row(engine, "environments", env_id)
+    result = run_job(environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": bad}}}, raise_on_error=False)
+    assert not result.success
+    assert row(engine, "environments", env_id) == before
+    assert redis_client.keys("*") == []
+
+
+def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
+    scratch = create_engine(scratch_database)
+    create_schema(scratch)
+    with scratch.begin() as conn:
+        conn.execute(text("ALTER TABLE environments DROP COLUMN auto_stop_setting"))
+        conn.execute(text("DROP TABLE deployments"))
+        conn.execute(text(
+            "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at) "
+            "VALUES (1, 1, 'review/a', 'review-a', 'available', now() - interval '1 hour')"
+        ))
+
+    result = run_job(environments_auto_stop, stack, database_url=scratch_database, raise_on_error=False)
+
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.step_failure_data.error
+    message = error.cause.message if error.cause else error.message
+    assert "column environments.auto_stop_setting" in message and "table deployments" in message
+    with scratch.connect() as conn:
+        assert conn.execute(text("SELECT state FROM environments")).scalar_one() == "available"
+    assert redis_client.exists(LEASE) == 0
+    scratch.dispose()
+
+
+def test_schedule_runs_at_24_past_every_hour_utc():
+    assert environments_auto_stop_schedule.cron_schedule == "24 * * * *"
+    assert environments_auto_stop_schedule.execution_timezone == "UTC"
+    assert environments_auto_stop_schedule.job_name == "environments_auto_stop"
