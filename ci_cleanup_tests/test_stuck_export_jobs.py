@@ -62,12 +62,13 @@ def run_with_redis(stack, redis_url: str, queues_url: str | None = None, **kwarg
 
 
 def failure_message(result) -> str:
-    failure = next(e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE") and e.event_specific_data and getattr(e.event_specific_data, "error", None))
-    error = failure.event_specific_data.error
+    """Every error the run's events carry (a step failure, or a resource that could not start), causes included."""
     messages = []
-    while error is not None:
-        messages.append(error.message)
-        error = error.cause
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        while error is not None:
+            messages.append(error.message)
+            error = error.cause
     return "\n".join(messages)
 
 
