@@ -26,6 +26,8 @@ from .gitlab.exclusive_lease import ExclusiveLease
 
 DRY_RUN_TAG = "ci_cleanup/dry_run"
 ROWS_CHANGED = "rows_changed"  # every job reports how many rows it changed under this key
+ROWS_CHANGED_TAG = "ci_cleanup/rows_changed"  # the headline number, visible in the runs list
+MAX_DELETIONS_TAG = "ci_cleanup/max_deletions_reached"
 MAX_IDS_REPORTED = 1000  # ids listed in metadata; counts are always exact
 
 log = logging.getLogger("ci_cleanup")
@@ -49,6 +51,12 @@ def release_lease_on_failure(key: str, ttl_seconds: int):
 def mark_dry_run(context: OpExecutionContext) -> None:
     context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
     context.log.info("Dry run: finding what would change, writing nothing")
+
+
+def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None) -> None:
+    """The run's totals: output metadata of the last op, and the headline number as a run tag."""
+    context.add_output_metadata(dict(metadata))
+    context.instance.add_run_tags(context.run_id, {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})})
 
 
 def track_exception(context: OpExecutionContext, error: BaseException, **details) -> None:

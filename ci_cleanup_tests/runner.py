@@ -10,6 +10,7 @@ from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
 def run_job(
     job: JobDefinition, stack, *, run_config: dict | None = None, dry_run: bool = False,
     database_url: str | None = None, raise_on_error: bool = True, instance: DagsterInstance | None = None,
+    tags: dict | None = None,
 ) -> ExecuteInProcessResult:
     return job.execute_in_process(
         run_config=run_config or {},
@@ -20,6 +21,7 @@ def run_job(
         },
         instance=instance or DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
+        tags=tags,
     )
 
 

@@ -11,7 +11,10 @@ from pydantic import Field
 
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, run_lease, table, track_exception
+from ..runs import (
+    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease, table,
+    track_exception,
+)
 from . import service
 
 LEASE_KEY = "ci/stuck_builds/drop_canceling_worker"
@@ -112,7 +115,8 @@ def report_dropped_builds(
     """Give the lease back and put the run's totals on it."""
     if plan.status == "run":
         run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS).cancel()
-    context.add_output_metadata(
+    report_run(
+        context,
         {
             "status": "success" if plan.status == "run" else plan.status,
             ROWS_CHANGED: result.dropped + result.doomed,
@@ -129,7 +133,8 @@ def report_dropped_builds(
 @job(
     description="Seed 000: fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
     hooks={release_lease_on_failure(LEASE_KEY, LEASE_TTL_SECONDS)},
-    tags={"ci_cleanup/job": "drop_canceling_builds", "ci_cleanup/seed": "000"},
+    # A run longer than the lease's TTL is failed by run monitoring (the seed's 30-minute alert).
+    tags={"ci_cleanup/job": "drop_canceling_builds", "ci_cleanup/seed": "000", "dagster/max_runtime": str(LEASE_TTL_SECONDS)},
 )
 def drop_canceling_builds():
     plan = find_canceling_builds()

@@ -1,0 +1,87 @@
+"""The seeds' monitoring tables as sensors, delivering to a real HTTP webhook on localhost."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from dagster import DagsterInstance, build_run_status_sensor_context
+from sqlalchemy import create_engine, text
+
+from ci_cleanup.alerts import WEBHOOK_ENV
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.gitlab.schema import create_schema
+from ci_cleanup.sensors import repeated_failures_alert, run_failed_alert
+
+from .runner import run_job
+
+
+@pytest.fixture
+def webhook(monkeypatch):
+    """A local HTTP receiver; yields the list of JSON bodies it got."""
+    received = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{server.server_port}/hook")
+    yield received
+    server.shutdown()
+
+
+@pytest.fixture
+def broken_database(scratch_database):
+    """A GitLab database whose ci_builds lacks a column: every drop_canceling_builds run fails."""
+    engine = create_engine(scratch_database)
+    create_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE ci_builds DROP COLUMN lock_version"))
+    engine.dispose()
+    return scratch_database
+
+
+def fail_once(stack, instance, database_url):
+    result = run_job(drop_canceling_builds, stack, database_url=database_url, instance=instance, raise_on_error=False)
+    assert not result.success
+    return build_run_status_sensor_context(
+        sensor_name="s", dagster_event=result.get_run_failure_event(), dagster_instance=instance,
+        dagster_run=result.dagster_run,
+    ).for_run_failure()
+
+
+def test_a_failed_run_is_alerted_on_the_webhook(stack, redis_client, broken_database, webhook):
+    instance = DagsterInstance.ephemeral()
+    context = fail_once(stack, instance, broken_database)
+
+    run_failed_alert(context)
+
+    assert len(webhook) == 1
+    alert = webhook[0]
+    assert (alert["alert"], alert["job"], alert["run_id"]) == ("run_failed", "drop_canceling_builds", context.dagster_run.run_id)
+    assert alert["text"].startswith(f"ci_cleanup: drop_canceling_builds run {context.dagster_run.run_id} failed")
+
+
+def test_three_failures_in_a_row_are_alerted_once_the_third_fails(stack, engine, redis_client, broken_database, webhook):
+    instance = DagsterInstance.ephemeral()
+    run_job(drop_canceling_builds, stack, instance=instance)  # a success first: it breaks any streak
+    for _ in range(2):
+        repeated_failures_alert(fail_once(stack, instance, broken_database))
+    assert webhook == []
+
+    third = fail_once(stack, instance, broken_database)
+    repeated_failures_alert(third)
+
+    assert [a["alert"] for a in webhook] == ["repeated_failures"]
+    assert webhook[0]["job"] == "drop_canceling_builds" and len(webhook[0]["run_ids"]) == 3
+    assert webhook[0]["run_ids"][0] == third.dagster_run.run_id
