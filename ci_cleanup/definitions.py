@@ -12,14 +12,12 @@ from .resources import GitLabDatabase, GitLabRedis, RunOptions
 from .sensors import alert_sensors
 from .stale_runner_machines_cleanup.job import stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule
 from .stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
-from .stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
 # GitLab's tables, declared so that each batch's per-batch observations are plotted on them in the UI.
 gitlab_tables = [
     AssetSpec(["gitlab", "ci_builds"], group_name="gitlab", description="Builds; drop_canceling_builds fails stuck canceling ones"),
     AssetSpec(["gitlab", "environments"], group_name="gitlab", description="Environments; environments_auto_stop stops those past auto_stop_at"),
     AssetSpec(["gitlab", "ci_runner_machines"], group_name="gitlab", description="Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days"),
-    AssetSpec(["gitlab", "project_export_jobs"], group_name="gitlab", description="Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone"),
     AssetSpec(["gitlab", "project_export_jobs"], group_name="gitlab", description="Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone"),
 ]
 
@@ -38,8 +36,8 @@ def resources() -> dict:
 
 defs = Definitions(
     assets=gitlab_tables,
-    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs, stuck_export_jobs],
-    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, stuck_export_jobs_schedule],
+    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs],
+    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule],
     sensors=alert_sensors,
     resources=resources(),
 )
