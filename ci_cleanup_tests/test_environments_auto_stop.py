@@ -318,7 +318,8 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
     assert (would["would_start_stop_actions_count"], would["would_start_stop_action_ids"]) == (1, [stop])
     assert (would["would_leave_untouched_count"], would["would_leave_untouched_ids"]) == (1, [kept])
     meta = report(result)
-    assert (meta["status"], meta["rows_changed"], meta["stopped_count"]) == ("dry run", 0, 0)
+    assert (meta["status"], meta["rows_changed"], meta["stopped_count"], meta["loops"]) == ("dry run", 0, 0, 1)
+    assert (meta["would_stop_count"], meta["would_set_stopping_count"], meta["would_leave_untouched_count"]) == (1, 1, 1)
     assert redis_client.keys("*") == []
     assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
 

@@ -111,17 +111,23 @@ def stop_environments(
     if dry_run:
         context.add_output_metadata(
             {
-                "would_stop_count": result.counts[service.STOPPED],
+                **_would(result),
                 "would_stop_ids": result.ids.get(service.STOPPED, []),
-                "would_set_stopping_count": result.counts[service.STOPPING],
                 "would_set_stopping_ids": result.ids.get(service.STOPPING, []),
-                "would_start_stop_actions_count": result.stop_actions_started,
                 "would_start_stop_action_ids": result.stop_action_ids,
-                "would_leave_untouched_count": result.counts[service.LEFT_UNTOUCHED],
                 "would_leave_untouched_ids": result.ids.get(service.LEFT_UNTOUCHED, []),
             }
         )
     return result
+
+
+def _would(result: service.AutoStopResult) -> dict:
+    return {
+        "would_stop_count": result.counts[service.STOPPED],
+        "would_set_stopping_count": result.counts[service.STOPPING],
+        "would_start_stop_actions_count": result.stop_actions_started,
+        "would_leave_untouched_count": result.counts[service.LEFT_UNTOUCHED],
+    }
 
 
 @op
@@ -150,6 +156,7 @@ def report_auto_stop(
             "stopping_ids": result.ids.get(service.STOPPING, []) if ran else [],
             "failed_ids": result.ids.get(service.FAILED, []),
             "errors": [f"environment {env_id}: {error}" for env_id, error in result.errors],
+            **(_would(result) if plan.status == "dry run" else {}),
         }
     )
 
