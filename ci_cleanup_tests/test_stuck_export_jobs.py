@@ -12,7 +12,7 @@ from sqlalchemy import text, update
 from ci_cleanup.gitlab.schema import create_schema, utc_now
 from ci_cleanup.gitlab.sidekiq_status import status_key
 from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
-from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
@@ -75,8 +75,9 @@ def failure_message(result) -> str:
 def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, redis_client):
     queued = export_job(engine, "jid-queued", QUEUED)
     started = export_job(engine, "jid-started", STARTED)
+    instance = DagsterInstance.ephemeral()
 
-    result = run_job(stuck_export_jobs, stack)
+    result = run_job(stuck_export_jobs, stack, instance=instance)
 
     assert_failed(engine, queued)
     assert_failed(engine, started)
@@ -87,6 +88,7 @@ def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, re
     observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert [o.asset_key.path for o in observations] == [["gitlab", "project_export_jobs"]]
     assert observations[0].metadata["stuck_export_jobs"].value == 2
+    assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == "2"
 
 
 def test_job_with_status_key_present_is_kept(stack, engine, redis_client):
@@ -330,3 +332,11 @@ def test_schedule_runs_at_30_past_every_hour_utc():
     assert stuck_export_jobs_schedule.cron_schedule == "30 * * * *"
     assert stuck_export_jobs_schedule.execution_timezone == "UTC"
     assert stuck_export_jobs_schedule.job_name == "stuck_export_jobs"
+
+
+def test_candidate_chunk_is_read_through_the_partial_id_index(stack, engine):
+    query = service.enqueued_exports_query(S, after_id=0, limit=1000)
+    with engine.connect() as conn:
+        conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {query.compile(engine, compile_kwargs={'literal_binds': True})}")).scalars())
+    assert "index_project_export_jobs_on_id_when_queued_or_started" in plan

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, redact_redis_url
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, track_exception
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run, track_exception
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
@@ -90,7 +90,8 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
     """The seed's 'Marked stuck export jobs as failed' log line and its stuck_export_jobs event."""
     dry_run = plan.status == "dry run"
     if dry_run:
-        context.add_output_metadata(
+        report_run(
+            context,
             {
                 "status": "dry run",
                 ROWS_CHANGED: 0,
@@ -106,7 +107,8 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
         return
     if result.stuck:
         context.log.info(f"Marked stuck export jobs as failed: job_ids={result.stuck_jids}")
-    context.add_output_metadata(
+    report_run(
+        context,
         {
             "status": "success",
             ROWS_CHANGED: result.stuck,

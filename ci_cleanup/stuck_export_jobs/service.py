@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import redis
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import Select, and_, exists, func, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -83,12 +83,14 @@ class StuckResult:
         self.stuck_jids += [job.jid for job in stuck[:room]]
 
 
-def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limit: int) -> list[Row]:
-    """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit`` (index scan on the partial id index)."""
+def enqueued_exports_query(schema: GitLabSchema, after_id: int, limit: int) -> Select:
+    """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit``: a keyset page on the partial id index."""
     j = schema.project_export_jobs
-    return conn.execute(
-        select(j.c.id, j.c.jid).where(j.c.status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
-    ).all()
+    return select(j.c.id, j.c.jid).where(j.c.status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
+
+
+def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limit: int) -> list[Row]:
+    return conn.execute(enqueued_exports_query(schema, after_id, limit)).all()
 
 
 def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
