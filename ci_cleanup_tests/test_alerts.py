@@ -85,3 +85,25 @@ def test_three_failures_in_a_row_are_alerted_once_the_third_fails(stack, engine,
     assert [a["alert"] for a in webhook] == ["repeated_failures"]
     assert webhook[0]["job"] == "drop_canceling_builds" and len(webhook[0]["run_ids"]) == 3
     assert webhook[0]["run_ids"][0] == third.dagster_run.run_id
+
+
+def test_deletion_cap_reached_run_after_run_is_a_backlog_alert(stack, engine, redis_client, webhook):
+    from ci_cleanup.sensors import BACKLOG_RUNS, max_deletions_backlog_alert
+    from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+
+    from .factories import ago, create
+
+    for _ in range(10):
+        create(engine, "ci_runner_machines", created_at=ago(days=30), contacted_at=ago(days=30))
+    instance = DagsterInstance.ephemeral()
+    capped = {"ops": {"find_stale_runner_machines": {"config": {"max_deletions": 2}}}}
+    for n in range(1, BACKLOG_RUNS + 1):
+        result = run_job(stale_runner_machines_cleanup, stack, run_config=capped, instance=instance)
+        max_deletions_backlog_alert(build_run_status_sensor_context(
+            sensor_name="s", dagster_event=result.get_run_success_event(), dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id),
+        ))
+        assert len(webhook) == (1 if n == BACKLOG_RUNS else 0)
+
+    assert webhook[0]["alert"] == "max_deletions_backlog" and webhook[0]["job"] == "stale_runner_machines_cleanup"
+    assert instance.get_run_by_id(result.run_id).tags["ci_cleanup/rows_changed"] == "2"

@@ -45,7 +45,7 @@ def clean_env(**extra) -> dict[str, str]:
 
 
 def test_every_schedule_of_the_contract_runs_its_job_on_its_cron_in_utc():
-    schedules = {s.name: s for s in defs.resolve_all_schedule_defs()}
+    schedules = {s.name: s for s in defs.schedules}
     assert set(SCHEDULES) <= set(schedules)
     for name, (job_name, cron) in SCHEDULES.items():
         assert (schedules[name].job_name, schedules[name].cron_schedule, schedules[name].execution_timezone) == (

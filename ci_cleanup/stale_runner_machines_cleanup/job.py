@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe
+from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run
 from . import service
 
 ASSET = ("gitlab", "ci_runner_machines")
@@ -105,14 +105,16 @@ def report_stale_runner_machines_cleanup(context: OpExecutionContext, plan: Clea
             f"MAX_DELETIONS ({plan.max_deletions}) reached with {plan.stale_count} stale runner machines at the start: "
             "the rest waits for the next run; reached run after run, the backlog is growing"
         )
-    context.add_output_metadata(
+    report_run(
+        context,
         {
             "status": "dry run" if plan.dry_run else "success",
             ROWS_CHANGED: result.total_deleted,
             "total_deleted": result.total_deleted,
             "batch_counts": result.batch_counts,
             "max_deletions_reached": result.max_deletions_reached,
-        }
+        },
+        tags={MAX_DELETIONS_TAG: str(result.max_deletions_reached).lower()},  # read by max_deletions_backlog_alert
     )
 
 
