@@ -9,6 +9,7 @@ from dagster import AssetSpec, Definitions, EnvVar
 from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
 from .environments_auto_stop.job import environments_auto_stop, environments_auto_stop_schedule
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule
 from .sensors import alert_sensors
 from .stale_runner_machines_cleanup.job import stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule
 from .stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
@@ -19,6 +20,8 @@ gitlab_tables = [
     AssetSpec(["gitlab", "environments"], group_name="gitlab", description="Environments; environments_auto_stop stops those past auto_stop_at"),
     AssetSpec(["gitlab", "ci_runner_machines"], group_name="gitlab", description="Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days"),
     AssetSpec(["gitlab", "project_export_jobs"], group_name="gitlab", description="Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone"),
+    AssetSpec(["gitlab", "ci_job_artifacts"], group_name="gitlab", description="Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket"),
+    AssetSpec(["gitlab", "ci_deleted_objects"], group_name="gitlab", description="Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
 ]
 
 
@@ -36,8 +39,8 @@ def resources() -> dict:
 
 defs = Definitions(
     assets=gitlab_tables,
-    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs],
-    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule],
+    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs, schedule_bulk_delete_job_artifacts],
+    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule],
     sensors=alert_sensors,
     resources=resources(),
 )

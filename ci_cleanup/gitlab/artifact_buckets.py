@@ -30,9 +30,15 @@ end
 return #stale
 """
 
-# KEYS[1] available, KEYS[2] occupied; ARGV[1] claim time. SPOP + ZADD as one step: a bucket is never in neither.
+# KEYS[1] available, KEYS[2] occupied; ARGV[1] claim time, ARGV[2] the bucket wanted, or '' for any.
+# Take (SPOP, or SREM of the one wanted) + ZADD as one step: a bucket is never in neither set, nor in both.
 _CLAIM = """
-local bucket = redis.call('SPOP', KEYS[1])
+local bucket = false
+if ARGV[2] == '' then
+  bucket = redis.call('SPOP', KEYS[1])
+elseif redis.call('SREM', KEYS[1], ARGV[2]) == 1 then
+  bucket = ARGV[2]
+end
 if not bucket then
   return false
 end
@@ -56,6 +62,7 @@ class ScheduledBuckets:
     occupied_count: int
     stale_count: int
     missing_count: int
+    above_max: tuple[int, ...] = ()  # free buckets >= max_buckets (after a scale-down), to be retired
 
 
 def read_state(client: redis.Redis) -> BucketState:
@@ -96,6 +103,7 @@ def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> Schedul
         occupied_count=len(state.occupied),
         stale_count=stale_count,
         missing_count=len(missing),
+        above_max=tuple(sorted(b for b in state.available if b >= max_buckets)),
     )
 
 
@@ -111,12 +119,17 @@ def preview_schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) ->
         occupied_count=len(after_recovery.occupied),
         stale_count=len(stale),
         missing_count=len(missing_buckets(after_recovery, max_buckets)),
+        above_max=tuple(sorted(b for b in after_recovery.available if b >= max_buckets)),
     )
 
 
-def claim(client: redis.Redis, now: dt.datetime) -> int | None:
-    """Take any free bucket and mark it occupied since ``now``; None when every bucket is taken."""
-    bucket = client.eval(_CLAIM, 2, AVAILABLE_KEY, OCCUPIED_KEY, now.timestamp())
+def claim(client: redis.Redis, now: dt.datetime, bucket: int | None = None) -> int | None:
+    """Take a free bucket and mark it occupied since ``now``: any (GitLab's SPOP), or the one asked for.
+
+    None when no bucket (or not the one asked for) is free.
+    """
+    wanted = "" if bucket is None else str(bucket)
+    bucket = client.eval(_CLAIM, 2, AVAILABLE_KEY, OCCUPIED_KEY, now.timestamp(), wanted)
     return None if bucket is None else int(bucket)
 
 

@@ -1,9 +1,15 @@
 """Seed 004 on Dagster: the bucket scheduler, its bucket workers as parallel steps, and the stored files' removal.
 
 ``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) fans out one
-mapped step per worker slot (GitLab's ``perform_with_capacity``: max_buckets workers), each claims a
-bucket and deletes its expired artifacts; report_bulk_delete collects them. The multiprocess
+mapped step per bucket (GitLab's ``perform_with_capacity``: max_buckets workers); each claims its
+bucket and deletes the bucket's expired artifacts; report_bulk_delete collects them. The multiprocess
 executor runs the workers side by side, ``max_concurrent`` bounding them.
+
+GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: steps may run one
+after another (the in-process executor), and a worker taking "any" would often re-take the bucket
+the previous one just released and leave others unprocessed. A bucket another process holds is
+simply not processed by this run, as in GitLab. Free buckets at or above max_buckets (left by a
+scale-down) get a worker too, which retires them.
 
 ``delete_expired_artifact_files``: drains ``ci_deleted_objects`` (GitLab's ``Ci::DeleteObjectsWorker``).
 """
@@ -34,7 +40,7 @@ from . import service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
 DELETED_OBJECTS = ("gitlab", "ci_deleted_objects")
-MAX_PARALLEL_WORKERS = service.MAX_BUCKETS_HIGH_CONCURRENCY
+MAX_PARALLEL_WORKERS = service.MAX_BUCKETS_HIGH_CONCURRENCY  # parallelism = max buckets, bounded here
 
 
 class BulkDeleteJobArtifactsConfig(Config):
@@ -71,12 +77,12 @@ def _bucket_metadata(buckets: artifact_buckets.ScheduledBuckets | None) -> dict:
     }
 
 
-@op(out={"plan": Out(BulkDeletePlan), "worker_slots": DynamicOut(int)})
+@op(out={"plan": Out(BulkDeletePlan), "buckets": DynamicOut(int)})
 def schedule_buckets(
     context: OpExecutionContext, config: BulkDeleteJobArtifactsConfig,
     gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis, run_options: RunOptions,
 ):
-    """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker slot per bucket."""
+    """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker per bucket."""
     schema = gitlab_db.schema
     now = utc_now()
     with gitlab_db.engine.connect() as conn:
@@ -102,34 +108,35 @@ def schedule_buckets(
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     yield Output(BulkDeletePlan(status="run", buckets=buckets, **limits), "plan", metadata=_bucket_metadata(buckets))
-    for slot in range(flags.max_buckets):
-        yield DynamicOutput(slot, mapping_key=f"worker_{slot}", output_name="worker_slots")
+    for bucket in [*range(flags.max_buckets), *buckets.above_max]:
+        yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
 
 
 @op
 def delete_expired_artifacts_in_bucket(
-    context: OpExecutionContext, plan: BulkDeletePlan, worker_slot: int, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+    context: OpExecutionContext, plan: BulkDeletePlan, bucket: int, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.WorkerResult:
     """One ``BulkDeleteExpiredJobArtifactsWorker``: claim a bucket, delete its expired artifacts, release it."""
 
-    def on_batch(bucket: int, batch: service.DeletedBatch) -> None:
+    def on_batch(claimed: int, batch: service.DeletedBatch) -> None:
         observe(
             context, ARTIFACTS,
-            {"mod_bucket": bucket, "destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
+            {"mod_bucket": claimed, "destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
              "deleted_objects": batch.deleted_objects},
         )
 
     result = service.run_bucket_worker(
         gitlab_db.engine, gitlab_redis.shared_state, gitlab_db.schema,
-        batch_size=plan.batch_size, max_batches=plan.max_batches,
+        bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
         max_runtime=dt.timedelta(seconds=plan.max_runtime_seconds), on_batch=on_batch,
     )
     if result.mod_bucket is None:
-        context.log.info(f"Worker slot {worker_slot}: no bucket available")
+        context.log.info(f"Bucket {bucket} is not available (occupied by another worker); nothing to do")
     context.add_output_metadata(
         {
-            "status": "no bucket available" if result.mod_bucket is None else "success",
-            "mod_bucket": result.mod_bucket,
+            "status": "bucket not available" if result.mod_bucket is None else "success",
+            "mod_bucket": bucket,
+            "claimed": result.mod_bucket is not None,
             "destroyed_job_artifacts_count": result.destroyed_job_artifacts_count,
             "artifacts_empty": result.artifacts_empty,
             "terminated_early_due_to_scale_down": result.terminated_early_due_to_scale_down,
@@ -175,8 +182,8 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
     tags={"ci_cleanup/job": "schedule_bulk_delete_job_artifacts", "ci_cleanup/seed": "004"},
 )
 def schedule_bulk_delete_job_artifacts():
-    plan, worker_slots = schedule_buckets()
-    results = worker_slots.map(lambda slot: delete_expired_artifacts_in_bucket(plan, slot))
+    plan, buckets = schedule_buckets()
+    results = buckets.map(lambda bucket: delete_expired_artifacts_in_bucket(plan, bucket))
     report_bulk_delete(plan, results.collect())
 
 

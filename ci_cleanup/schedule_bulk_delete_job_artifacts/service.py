@@ -153,13 +153,14 @@ def run_bucket_worker(
     client: redis.Redis,
     schema: GitLabSchema,
     *,
+    bucket: int | None = None,
     batch_size: int = BATCH_SIZE,
     max_batches: int = MAX_BATCHES,
     max_runtime: dt.timedelta = MAX_RUNTIME,
     on_batch: Callable[[int, DeletedBatch], None] = lambda bucket, batch: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> WorkerResult:
-    """Claim a bucket, delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
+    """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
 
     The flags are read again before each batch: the worker stops early when its bucket is no
     longer below ``max_buckets`` (a scale-down) or the feature is turned off. There is no
@@ -167,7 +168,7 @@ def run_bucket_worker(
     as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
     """
     result = WorkerResult()
-    bucket = artifact_buckets.claim(client, now())
+    bucket = artifact_buckets.claim(client, now(), bucket)
     if bucket is None:
         return result
     result.mod_bucket = bucket

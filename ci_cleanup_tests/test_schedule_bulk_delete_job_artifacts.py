@@ -1,0 +1,418 @@
+"""Seed 004 / SPEC 4.5: expired, unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from sqlalchemy import create_engine, delete, insert, select, text
+
+from ci_cleanup.gitlab import artifact_buckets
+from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
+from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup.schedule_bulk_delete_job_artifacts import service
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    schedule_bulk_delete_job_artifacts,
+    schedule_bulk_delete_job_artifacts_schedule,
+)
+
+from .factories import S, ago, create, ids, row
+from .runner import op_metadata, run_job
+
+REPORT = "report_bulk_delete"
+WORKER = "delete_expired_artifacts_in_bucket"
+
+
+def enable(engine, *flags: str) -> None:
+    for flag in flags:
+        create(engine, "feature_gates", feature_key=flag)
+
+
+def artifact(engine, *, bucket: int = 0, max_buckets: int = 5, project_id: int = 10, **values) -> int:
+    """An expired, unlocked archive artifact whose MOD(project_id + job_id, max_buckets) is ``bucket``."""
+    job_id = values.pop("job_id", None)
+    if job_id is None:
+        job_id = 1000 + (bucket - project_id - 1000) % max_buckets
+    assert (project_id + job_id) % max_buckets == bucket
+    values = {"expire_at": ago(hours=2), **values}
+    return create(engine, "ci_job_artifacts", project_id=project_id, job_id=job_id, **values)
+
+
+def redis_state(client) -> tuple[set[int], dict[int, float]]:
+    return (
+        {int(b) for b in client.smembers(AVAILABLE_KEY)},
+        {int(b): score for b, score in client.zrange(OCCUPIED_KEY, 0, -1, withscores=True)},
+    )
+
+
+def deleted_objects(engine) -> list:
+    d = S.ci_deleted_objects
+    with engine.connect() as conn:
+        return conn.execute(select(d).order_by(d.c.id)).all()
+
+
+def worker_metadata(result) -> list[dict]:
+    found = []
+    for event in result.all_events:
+        if event.event_type_value == "STEP_OUTPUT" and event.step_key.startswith(WORKER):
+            found.append({k: v.value for k, v in event.step_output_data.metadata.items()})
+    return sorted(found, key=lambda m: m["mod_bucket"])
+
+
+def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
+    digest = hashlib.sha256(str(project_id).encode("ascii")).hexdigest()
+    return "/".join([digest[:2], digest[2:4], digest, created_at.astimezone(dt.timezone.utc).strftime("%Y_%m_%d"), str(job_id), str(artifact_id)])
+
+
+def test_flag_off_touches_nothing(stack, engine, redis_client):
+    expired = artifact(engine)
+    redis_client.sadd(AVAILABLE_KEY, "1")
+    redis_client.zadd(OCCUPIED_KEY, {"3": ago(hours=1).timestamp()})
+    enable(engine, service.HIGH_CONCURRENCY_FLAG)  # the high-concurrency flag alone turns nothing on
+    before = redis_state(redis_client)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == [expired]
+    assert deleted_objects(engine) == []
+    assert redis_state(redis_client) == before
+    assert sorted(redis_client.keys("*")) == sorted([AVAILABLE_KEY.encode(), OCCUPIED_KEY.encode()])
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["rows_changed"], report["workers"]) == ("skipped: bulk_delete_job_artifacts disabled", 0, 0)
+    assert worker_metadata(result) == []
+
+
+def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    created_at = dt.datetime(2024, 3, 9, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))  # 2024-03-10 in UTC
+    gone = [
+        artifact(engine, bucket=b, project_id=p, size=100 * (b + 1), created_at=created_at, file_store=store)
+        for b, p, store in [(0, 7, 1), (1, 8, 2), (2, 9, 1), (3, 123456, 1), (4, 10, 1), (0, 11, 1)]
+    ]
+    kept = [
+        artifact(engine, file_type=3),  # trace
+        artifact(engine, locked=1),  # artifacts_locked
+        artifact(engine, locked=2),  # unknown
+        artifact(engine, expire_at=None),  # never expires
+        artifact(engine, expire_at=utc_now() + dt.timedelta(minutes=5)),  # not yet expired
+    ]
+    before = {i: row(engine, "ci_job_artifacts", i) for i in gone}
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == kept
+    objects = deleted_objects(engine)
+    assert sorted((o.file_store, o.store_dir, o.file, o.project_id) for o in objects) == sorted(
+        (before[i].file_store, expected_hashed_store_dir(before[i].project_id, created_at, before[i].job_id, i), "artifacts.zip", before[i].project_id)
+        for i in gone
+    )
+    assert {o.store_dir.split("/")[3] for o in objects} == {"2024_03_10"}
+    assert sorted(o.pick_up_at for o in objects) == sorted(before[i].expire_at for i in gone)  # within [now-1d, now+1h]
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["rows_changed"], report["destroyed_job_artifacts_count"], report["size"]) == ("success", 6, 6, 1600)
+    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (5, 0, 0, 0, 5)
+    assert report["buckets_processed"] == [0, 1, 2, 3, 4]
+    workers = worker_metadata(result)
+    assert [(w["mod_bucket"], w["destroyed_job_artifacts_count"], w["artifacts_empty"], w["terminated_early_due_to_scale_down"]) for w in workers] == [
+        (0, 2, True, False), (1, 1, True, False), (2, 1, True, False), (3, 1, True, False), (4, 1, True, False)
+    ]
+    assert redis_state(redis_client) == ({0, 1, 2, 3, 4}, {})
+
+
+def test_hashed_path_of_one_artifact_is_exact(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    gone = artifact(engine, project_id=42, job_id=58, file="job.log.gz", created_at=dt.datetime(2023, 12, 31, 23, 59, tzinfo=dt.timezone.utc))
+    run_job(schedule_bulk_delete_job_artifacts, stack)
+    (obj,) = deleted_objects(engine)
+    digest = hashlib.sha256(b"42").hexdigest()
+    assert digest.startswith("73475cb4")
+    assert (obj.store_dir, obj.file, obj.project_id) == (f"{digest[:2]}/{digest[2:4]}/{digest}/2023_12_31/58/{gone}", "job.log.gz", 42)
+
+
+def test_file_final_path_gives_store_dir_and_file(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    artifact(engine, file_store=2, file_final_path="@final/1a/2b/5f8e2c7d0a1b/artifacts.zip", project_id=3)
+    run_job(schedule_bulk_delete_job_artifacts, stack)
+    (obj,) = deleted_objects(engine)
+    assert (obj.file_store, obj.store_dir, obj.file, obj.project_id) == (2, "@final/1a/2b/5f8e2c7d0a1b", "artifacts.zip", 3)
+
+
+def test_pick_up_at_is_expire_at_clamped_to_a_day_back(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    recent = ago(hours=3)
+    artifact(engine, expire_at=ago(days=30), file="old.zip")
+    artifact(engine, expire_at=recent, file="recent.zip")
+    started = utc_now()
+    run_job(schedule_bulk_delete_job_artifacts, stack)
+    objects = {o.file: o.pick_up_at for o in deleted_objects(engine)}
+    assert objects["recent.zip"] == recent
+    assert started - dt.timedelta(days=1) <= objects["old.zip"] <= utc_now() - dt.timedelta(days=1)
+
+
+def test_pick_up_at_clamp_bounds():
+    now = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+
+    def pick_up_at(expire_at):
+        a = S.ci_job_artifacts
+        values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now, expire_at=expire_at)
+        return service.deleted_object(type("Row", (), values), now)["pick_up_at"]
+
+    assert pick_up_at(now - dt.timedelta(days=3)) == now - dt.timedelta(days=1)
+    assert pick_up_at(now + dt.timedelta(days=3)) == now + dt.timedelta(hours=1)
+    assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
+
+
+def test_high_concurrency_flag_runs_10_buckets(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG, service.HIGH_CONCURRENCY_FLAG)
+    for b in range(10):
+        artifact(engine, bucket=b, max_buckets=10)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == []
+    assert len(deleted_objects(engine)) == 10
+    report = op_metadata(result, REPORT)
+    assert (report["max_buckets"], report["missing_count"], report["workers"], report["buckets_processed"]) == (10, 10, 10, list(range(10)))
+    assert [w["destroyed_job_artifacts_count"] for w in worker_metadata(result)] == [1] * 10
+    assert redis_state(redis_client) == (set(range(10)), {})
+
+
+def test_stale_bucket_is_recovered_and_a_live_one_left_alone(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    in_bucket = {b: artifact(engine, bucket=b) for b in range(5)}
+    live_since = ago(minutes=1).timestamp()
+    redis_client.sadd(AVAILABLE_KEY, "0", "3", "4")
+    redis_client.zadd(OCCUPIED_KEY, {"1": ago(minutes=11).timestamp(), "2": live_since})
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == [in_bucket[2]]  # its worker is still running elsewhere
+    report = op_metadata(result, REPORT)
+    assert (report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (4, 1, 1, 0)
+    assert report["buckets_processed"] == [0, 1, 3, 4]
+    workers = worker_metadata(result)
+    assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"]) for w in workers] == [
+        (0, True, 1), (1, True, 1), (2, False, 0), (3, True, 1), (4, True, 1)
+    ]
+    assert workers[2]["status"] == "bucket not available"
+    assert redis_state(redis_client) == ({0, 1, 3, 4}, {2: live_since})
+
+
+def test_stale_means_claimed_ten_minutes_ago_or_more(redis_client):
+    now = utc_now()
+    redis_client.zadd(OCCUPIED_KEY, {"0": (now - dt.timedelta(minutes=10)).timestamp(), "1": (now - dt.timedelta(minutes=9, seconds=59)).timestamp()})
+    assert artifact_buckets.recover_stale(redis_client, now) == 1
+    assert redis_state(redis_client) == ({0}, {1: (now - dt.timedelta(minutes=9, seconds=59)).timestamp()})
+
+
+def test_bucket_at_or_above_max_buckets_is_retired(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)  # 5 buckets now; bucket 7 is left from a high-concurrency run
+    live_since = ago(minutes=2).timestamp()
+    redis_client.sadd(AVAILABLE_KEY, "7")
+    redis_client.zadd(OCCUPIED_KEY, {str(b): live_since for b in range(4)})
+    in_bucket_4 = artifact(engine, bucket=4)
+    in_bucket_1 = artifact(engine, bucket=1)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == [in_bucket_1]
+    assert row(engine, "ci_job_artifacts", in_bucket_4) is None
+    workers = worker_metadata(result)
+    assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"], w["terminated_early_due_to_scale_down"]) for w in workers] == [
+        (0, False, 0, False), (1, False, 0, False), (2, False, 0, False), (3, False, 0, False), (4, True, 1, False), (7, True, 0, True)
+    ]
+    assert redis_state(redis_client) == ({4}, {b: live_since for b in range(4)})
+
+
+def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG, service.HIGH_CONCURRENCY_FLAG)
+    kept = [artifact(engine, bucket=7, max_buckets=10, project_id=p) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "7")
+
+    def scale_down(bucket, batch):
+        with engine.begin() as conn:
+            conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.HIGH_CONCURRENCY_FLAG))
+
+    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, on_batch=scale_down)
+
+    assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches) == (7, 2, 1)
+    assert result.terminated_early_due_to_scale_down and not result.artifacts_empty and not result.released
+    assert ids(engine, "ci_job_artifacts") == kept[2:]
+    assert redis_state(redis_client) == (set(), {})
+
+
+def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 8)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+
+    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, max_batches=3)
+
+    assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (6, 3, False, True)
+    assert len(ids(engine, "ci_job_artifacts")) == 1 and set(ids(engine, "ci_job_artifacts")) < set(created)
+    assert redis_state(redis_client) == ({0}, {})
+
+
+def test_claim_with_no_bucket_available_writes_nothing(redis_client):
+    assert artifact_buckets.claim(redis_client, utc_now()) is None
+    assert artifact_buckets.claim(redis_client, utc_now(), 3) is None
+    assert redis_client.keys("*") == []
+
+
+def test_claim_takes_one_bucket_atomically_into_occupied(redis_client):
+    now = utc_now()
+    redis_client.sadd(AVAILABLE_KEY, "2", "4")
+    assert artifact_buckets.claim(redis_client, now, 4) == 4
+    assert artifact_buckets.claim(redis_client, now, 4) is None
+    assert artifact_buckets.claim(redis_client, now) == 2
+    assert artifact_buckets.claim(redis_client, now) is None
+    assert redis_state(redis_client) == (set(), {2: now.timestamp(), 4: now.timestamp()})
+    assert artifact_buckets.release(redis_client, 2, 5) is True
+    assert artifact_buckets.release(redis_client, 4, 4) is False  # at or above max_buckets: retired
+    assert redis_state(redis_client) == ({2}, {})
+
+
+def test_6000_artifacts_over_many_projects_are_all_deleted_in_one_run(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    expired = ago(days=2)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(S.ci_job_artifacts),
+            [dict(partition_id=100, project_id=1 + i % 397, job_id=10_000 + i // 3, file_type=1 + i % 2, size=10,
+                  file="artifacts.zip", file_store=1, locked=0, expire_at=expired, created_at=expired) for i in range(6000)],
+        )
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == []
+    assert len(deleted_objects(engine)) == 6000
+    report = op_metadata(result, REPORT)
+    assert (report["destroyed_job_artifacts_count"], report["size"], report["buckets_processed"]) == (6000, 60_000, [0, 1, 2, 3, 4])
+    assert all(w["artifacts_empty"] for w in worker_metadata(result))
+    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert sum(o.event_specific_data.asset_observation.metadata["destroyed_job_artifacts_count"].value for o in observations) == 6000
+
+
+_WORKER_SCRIPT = """
+import sys, redis
+from sqlalchemy import create_engine
+from ci_cleanup.gitlab.schema import gitlab_schema
+from ci_cleanup.schedule_bulk_delete_job_artifacts import service
+service.run_bucket_worker(create_engine(sys.argv[1]), redis.Redis.from_url(sys.argv[2]), gitlab_schema())
+"""
+
+
+def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    with engine.connect() as blocker:
+        # Hold ci_deleted_objects: the worker's DELETE runs, then its INSERT waits inside the open transaction.
+        blocker.execute(text("LOCK TABLE ci_deleted_objects IN SHARE MODE"))
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url], cwd=os.getcwd())
+        try:
+            backend = None
+            deadline = time.monotonic() + 60
+            while backend is None and time.monotonic() < deadline and worker.poll() is None:
+                with engine.connect() as conn:
+                    backend = conn.scalar(text(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO ci_deleted_objects%'"
+                    ))
+                time.sleep(0.05)
+            assert backend is not None, "the worker never reached its batch's INSERT"
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+                while conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}):
+                    time.sleep(0.05)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        blocker.rollback()
+
+    remaining = set(ids(engine, "ci_job_artifacts"))
+    objects = deleted_objects(engine)
+    for artifact_id in created:
+        hashed = [o for o in objects if o.store_dir.endswith(f"/{artifact_id}")]
+        assert (artifact_id in remaining) != (len(hashed) == 1)
+    assert remaining == set(created) and objects == []  # the killed batch rolled back entirely
+    available, occupied = redis_state(redis_client)
+    assert available == set() and list(occupied) == [0]  # left for stale recovery
+
+
+def test_dry_run_reports_what_would_happen_and_writes_nothing(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    in_bucket_0 = [artifact(engine, bucket=0, project_id=p) for p in (10, 20)]
+    in_bucket_3 = [artifact(engine, bucket=3, project_id=21)]
+    kept = artifact(engine, locked=1)
+    stale_since = ago(minutes=30).timestamp()
+    redis_client.zadd(OCCUPIED_KEY, {"1": stale_since})
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    before = ids(engine, "ci_job_artifacts")
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, dry_run=True)
+
+    assert ids(engine, "ci_job_artifacts") == before == sorted(in_bucket_0 + in_bucket_3 + [kept])
+    assert deleted_objects(engine) == []
+    assert redis_state(redis_client) == ({0}, {1: stale_since})
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["rows_changed"], report["would_delete_count"]) == ("dry run", 0, 3)
+    assert report["would_delete_ids"] == {"0": in_bucket_0, "1": [], "2": [], "3": in_bucket_3, "4": []}
+    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (5, 2, 0, 1, 3)
+    assert worker_metadata(result) == []
+    assert result.dagster_run.tags.get(DRY_RUN_TAG) == "true"
+
+
+def test_dry_run_with_the_flag_off_is_skipped(stack, engine, redis_client):
+    expired = artifact(engine)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, dry_run=True)
+    assert ids(engine, "ci_job_artifacts") == [expired]
+    assert redis_client.keys("*") == []
+    assert op_metadata(result, REPORT)["status"] == "skipped: bulk_delete_job_artifacts disabled"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param({"batch_size": 0}, id="batch size 0"),
+        pytest.param({"max_runtime_seconds": -1}, id="negative timeout"),
+        pytest.param({"max_batches": 1_000_000}, id="cap above the maximum"),
+    ],
+)
+def test_invalid_config_is_refused_before_anything_is_written(stack, engine, redis_client, config):
+    enable(engine, service.FEATURE_FLAG)
+    expired = artifact(engine)
+    result = run_job(
+        schedule_bulk_delete_job_artifacts, stack, run_config={"ops": {"schedule_buckets": {"config": config}}}, raise_on_error=False
+    )
+    assert not result.success
+    assert ids(engine, "ci_job_artifacts") == [expired]
+    assert redis_client.keys("*") == []
+
+
+def test_missing_table_fails_naming_it(stack, redis_client, scratch_database):
+    engine = create_engine(scratch_database)
+    S.metadata.create_all(engine, tables=[S.ci_job_artifacts, S.features, S.feature_gates])
+    engine.dispose()
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, database_url=scratch_database, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error
+    assert "table ci_deleted_objects" in (failure.cause.message if failure.cause else failure.message)
+    assert redis_client.keys("*") == []
+
+
+def test_job_runs_workers_in_parallel_processes_every_7_minutes():
+    executor = schedule_bulk_delete_job_artifacts.executor_def
+    assert executor.name == "multiprocess"
+    assert schedule_bulk_delete_job_artifacts_schedule.cron_schedule == "*/7 * * * *"
+    assert schedule_bulk_delete_job_artifacts_schedule.execution_timezone == "UTC"
+    assert schedule_bulk_delete_job_artifacts.tags["ci_cleanup/seed"] == "004"
