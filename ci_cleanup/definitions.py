@@ -9,7 +9,12 @@ from dagster import AssetSpec, Definitions, EnvVar
 from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
 from .environments_auto_stop.job import environments_auto_stop, environments_auto_stop_schedule
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
-from .schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule
+from .schedule_bulk_delete_job_artifacts.job import (
+    delete_expired_artifact_files,
+    delete_expired_artifact_files_schedule,
+    schedule_bulk_delete_job_artifacts,
+    schedule_bulk_delete_job_artifacts_schedule,
+)
 from .sensors import alert_sensors
 from .stale_runner_machines_cleanup.job import stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule
 from .stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
@@ -39,8 +44,8 @@ def resources() -> dict:
 
 defs = Definitions(
     assets=gitlab_tables,
-    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs, schedule_bulk_delete_job_artifacts],
-    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule],
+    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs, schedule_bulk_delete_job_artifacts, delete_expired_artifact_files],
+    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule, delete_expired_artifact_files_schedule],
     sensors=alert_sensors,
     resources=resources(),
 )

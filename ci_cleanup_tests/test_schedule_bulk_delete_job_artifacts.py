@@ -19,6 +19,9 @@ from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    ARTIFACTS_ROOT_ENV,
+    delete_expired_artifact_files,
+    delete_expired_artifact_files_schedule,
     schedule_bulk_delete_job_artifacts,
     schedule_bulk_delete_job_artifacts_schedule,
 )
@@ -416,3 +419,139 @@ def test_job_runs_workers_in_parallel_processes_every_7_minutes():
     assert schedule_bulk_delete_job_artifacts_schedule.cron_schedule == "*/7 * * * *"
     assert schedule_bulk_delete_job_artifacts_schedule.execution_timezone == "UTC"
     assert schedule_bulk_delete_job_artifacts.tags["ci_cleanup/seed"] == "004"
+
+
+# --- delete_expired_artifact_files: the stored files of deleted artifacts --------------------------------------
+
+FILES_REPORT = "report_removed_artifact_files"
+
+
+def deleted_object_row(engine, *, store_dir: str, file: str = "artifacts.zip", file_store: int = 1, pick_up_at=None) -> int:
+    return create(engine, "ci_deleted_objects", store_dir=store_dir, file=file, file_store=file_store, project_id=1,
+                  pick_up_at=pick_up_at or ago(hours=1))
+
+
+def stored_file(root, store_dir: str, file: str = "artifacts.zip"):
+    path = root.joinpath(*store_dir.split("/"), file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"zip")
+    return path
+
+
+def files_run_config(root, **config) -> dict:
+    return {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root), **config}}}}
+
+
+@pytest.fixture
+def no_root_env(monkeypatch):
+    monkeypatch.delenv(ARTIFACTS_ROOT_ENV, raising=False)
+
+
+def test_files_job_removes_due_local_files_and_their_rows_and_reports_the_rest(stack, engine, redis_client, tmp_path, no_root_env):
+    present = [stored_file(tmp_path, f"ab/cd/abcd/2024_01_0{i}/7/{i}") for i in (1, 2)]
+    removed_rows = [deleted_object_row(engine, store_dir=f"ab/cd/abcd/2024_01_0{i}/7/{i}") for i in (1, 2)]
+    missing_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_03/7/3")
+    remote_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_04/7/4", file_store=2)
+    not_due_file = stored_file(tmp_path, "ab/cd/abcd/2024_01_05/7/5")
+    not_due_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_05/7/5", pick_up_at=utc_now() + dt.timedelta(minutes=30))
+
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path))
+
+    assert [p.exists() for p in present] == [False, False] and not_due_file.exists()
+    assert ids(engine, "ci_deleted_objects") == [remote_row, not_due_row]
+    assert set(removed_rows + [missing_row]).isdisjoint(ids(engine, "ci_deleted_objects"))
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["status"], report["rows_changed"], report["files_removed"], report["files_missing"], report["object_storage_left"]) == (
+        "success", 3, 2, 1, 1
+    )
+    assert (report["refused_count"], report["local_left_without_root"], report["due_count"], report["due_object_storage"]) == (0, 0, 4, 1)
+
+
+def test_files_job_refuses_paths_that_leave_the_root(stack, engine, redis_client, tmp_path, no_root_env):
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    outside = stored_file(tmp_path, "outside", "secret")
+    refused = [
+        deleted_object_row(engine, store_dir="../outside", file="secret"),
+        deleted_object_row(engine, store_dir=str(tmp_path / "outside"), file="secret"),
+        deleted_object_row(engine, store_dir="ab/cd", file="../../../outside/secret"),
+    ]
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root))
+    assert outside.exists()
+    assert ids(engine, "ci_deleted_objects") == refused
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["status"], report["rows_changed"], report["refused_count"]) == ("success", 0, 3)
+    assert all(line.startswith(f"row {i}: ") for line, i in zip(report["refused"], refused))
+
+
+def test_files_job_without_a_root_leaves_local_rows(stack, engine, redis_client, tmp_path, no_root_env):
+    local = deleted_object_row(engine, store_dir="ab/cd/x")
+    result = run_job(delete_expired_artifact_files, stack)
+    assert ids(engine, "ci_deleted_objects") == [local]
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["rows_changed"], report["local_left_without_root"]) == (0, 1)
+
+
+def test_files_job_takes_the_root_from_the_environment(stack, engine, redis_client, tmp_path, monkeypatch):
+    monkeypatch.setenv(ARTIFACTS_ROOT_ENV, str(tmp_path))
+    path = stored_file(tmp_path, "ab/cd/y")
+    deleted_object_row(engine, store_dir="ab/cd/y")
+    run_job(delete_expired_artifact_files, stack)
+    assert not path.exists() and ids(engine, "ci_deleted_objects") == []
+
+
+def test_files_job_drains_more_than_one_batch(stack, engine, redis_client, tmp_path, no_root_env):
+    with engine.begin() as conn:
+        conn.execute(insert(S.ci_deleted_objects), [
+            dict(file_store=1, store_dir=f"aa/bb/{i}", file="a.zip", pick_up_at=ago(hours=1, seconds=i)) for i in range(250)
+        ] + [dict(file_store=2, store_dir=f"cc/dd/{i}", file="a.zip", pick_up_at=ago(hours=1)) for i in range(150)])
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path))
+    assert len(ids(engine, "ci_deleted_objects")) == 150
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["rows_changed"], report["files_missing"], report["object_storage_left"], report["batches"]) == (250, 250, 150, 4)
+
+
+def test_bulk_delete_then_files_job_removes_the_artifacts_stored_file(stack, engine, redis_client, tmp_path, no_root_env):
+    enable(engine, service.FEATURE_FLAG)
+    created_at = dt.datetime(2024, 6, 1, 8, tzinfo=dt.timezone.utc)
+    artifact_id = artifact(engine, bucket=2, project_id=5, job_id=77, created_at=created_at, file="artifacts.zip")
+    path = stored_file(tmp_path, expected_hashed_store_dir(5, created_at, 77, artifact_id))
+
+    run_job(schedule_bulk_delete_job_artifacts, stack)
+    run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path))
+
+    assert not path.exists()
+    assert ids(engine, "ci_job_artifacts") == [] and ids(engine, "ci_deleted_objects") == []
+
+
+def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path, no_root_env):
+    path = stored_file(tmp_path, "ab/cd/z")
+    rows = [deleted_object_row(engine, store_dir="ab/cd/z"), deleted_object_row(engine, store_dir="ab/cd/gone"),
+            deleted_object_row(engine, store_dir="ab/cd/r", file_store=2), deleted_object_row(engine, store_dir="../x")]
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path), dry_run=True)
+    assert path.exists() and ids(engine, "ci_deleted_objects") == rows
+    would = op_metadata(result, "remove_expired_artifact_files")
+    assert (would["would_removed"], would["would_missing"], would["would_object_storage"], would["would_refused"]) == (1, 1, 1, 1)
+    assert would["would_delete_row_ids"] == rows[:2]
+    assert op_metadata(result, FILES_REPORT)["status"] == "dry run"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param({"batch_size": 0}, id="batch size 0"),
+        pytest.param({"max_batches": 1_000_000}, id="cap above the maximum"),
+        pytest.param({"artifacts_root": "relative/path"}, id="relative root"),
+        pytest.param({"artifacts_root": "/nonexistent/artifacts/root"}, id="root that does not exist"),
+    ],
+)
+def test_files_job_invalid_config_is_refused_before_anything_is_removed(stack, engine, redis_client, tmp_path, no_root_env, config):
+    path = stored_file(tmp_path, "ab/cd/z")
+    row_id = deleted_object_row(engine, store_dir="ab/cd/z")
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path, **config), raise_on_error=False)
+    assert not result.success
+    assert path.exists() and ids(engine, "ci_deleted_objects") == [row_id]
+
+
+def test_files_job_runs_every_10_minutes_in_utc():
+    assert (delete_expired_artifact_files_schedule.cron_schedule, delete_expired_artifact_files_schedule.execution_timezone) == ("*/10 * * * *", "UTC")

@@ -17,6 +17,7 @@ scale-down) get a worker too, which retires them.
 import datetime as dt
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dagster import (
     Config,
@@ -36,7 +37,7 @@ from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, table, track_exception
-from . import service
+from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
 DELETED_OBJECTS = ("gitlab", "ci_deleted_objects")
@@ -191,5 +192,118 @@ schedule_bulk_delete_job_artifacts_schedule = ScheduleDefinition(
     name="schedule_bulk_delete_job_artifacts_schedule",
     job=schedule_bulk_delete_job_artifacts,
     cron_schedule="*/7 * * * *",
+    execution_timezone="UTC",
+)
+
+
+ARTIFACTS_ROOT_ENV = "CI_CLEANUP_ARTIFACTS_ROOT"
+
+
+class DeleteExpiredArtifactFilesConfig(Config):
+    artifacts_root: str | None = Field(
+        default=None,
+        description=f"Local artifacts storage (GitLab's artifacts path); default env {ARTIFACTS_ROOT_ENV}. "
+        "Unset: local files are reported and left",
+    )
+    batch_size: int = Field(default=files.BATCH_SIZE, ge=1, le=1000, description="Rows per batch (GitLab's 100)")
+    max_batches: int = Field(default=files.MAX_BATCHES, ge=1, le=10_000, description="Batches per run")
+
+
+@dataclass(frozen=True)
+class FilesPlan:
+    status: str  # "run" or "dry run"
+    root: str | None
+    batch_size: int
+    max_batches: int
+    due_by_store: dict[int, int]
+
+
+@op
+def plan_artifact_file_removal(
+    context: OpExecutionContext, config: DeleteExpiredArtifactFilesConfig, gitlab_db: GitLabDatabase, run_options: RunOptions
+) -> FilesPlan:
+    """Check the schema and the artifacts root, and count the due rows by storage."""
+    schema = gitlab_db.schema
+    root = config.artifacts_root or os.environ.get(ARTIFACTS_ROOT_ENV) or None
+    if root is not None and not (os.path.isabs(root) and os.path.isdir(root)):
+        # A wrong root would make every file look "already gone" and drop its row: refuse to start.
+        raise ValueError(f"artifacts_root {root!r} is not an absolute path to an existing directory")
+    with gitlab_db.engine.connect() as conn:
+        require_columns(conn, [schema.ci_deleted_objects])
+        due_by_store = files.count_due(conn, schema, utc_now())
+    if run_options.dry_run:
+        mark_dry_run(context)
+    if root is None:
+        context.log.warning(f"No artifacts root ({ARTIFACTS_ROOT_ENV} or artifacts_root): local files are left")
+    context.add_output_metadata({"due_count": sum(due_by_store.values()), "artifacts_root": root})
+    return FilesPlan(
+        status="dry run" if run_options.dry_run else "run", root=root,
+        batch_size=config.batch_size, max_batches=config.max_batches, due_by_store=due_by_store,
+    )
+
+
+def _files_counts(batch: files.FilesBatch) -> dict:
+    return {
+        "removed": len(batch.removed), "missing": len(batch.missing), "object_storage": len(batch.object_storage),
+        "no_root": len(batch.no_root), "refused": len(batch.refused),
+    }
+
+
+@op
+def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> files.FilesResult:
+    """Remove the due local files and their rows, 100 at a time."""
+    root = Path(plan.root) if plan.root else None
+    if plan.status == "dry run":
+        with gitlab_db.engine.connect() as conn:
+            would = files.preview(conn, gitlab_db.schema, root, utc_now(), MAX_IDS_REPORTED)
+        context.add_output_metadata(
+            {**{f"would_{k}": v for k, v in _files_counts(would).items()},
+             "would_delete_row_ids": (would.removed + would.missing)[:MAX_IDS_REPORTED],
+             "object_storage_ids": would.object_storage[:MAX_IDS_REPORTED],
+             "refused": [f"row {i}: {why}" for i, why in would.refused[:MAX_IDS_REPORTED]]}
+        )
+        return files.FilesResult()
+
+    def report_error(row_id: int, error: BaseException) -> None:
+        track_exception(context, error, ci_deleted_object_id=row_id)
+
+    return files.delete_expired_artifact_files(
+        gitlab_db.engine, gitlab_db.schema, root, batch_size=plan.batch_size, max_batches=plan.max_batches,
+        on_batch=lambda batch: observe(context, DELETED_OBJECTS, _files_counts(batch)), report_error=report_error,
+    )
+
+
+@op
+def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, result: files.FilesResult) -> None:
+    context.add_output_metadata(
+        {
+            "status": "success" if plan.status == "run" else plan.status,
+            ROWS_CHANGED: result.rows_deleted,
+            "files_removed": result.removed,
+            "files_missing": result.missing,
+            "object_storage_left": result.object_storage,
+            "local_left_without_root": result.no_root,
+            "refused_count": len(result.refused),
+            "refused": [f"row {i}: {why}" for i, why in result.refused[:MAX_IDS_REPORTED]],
+            "batches": result.batches,
+            "due_count": sum(plan.due_by_store.values()),
+            "due_object_storage": plan.due_by_store.get(2, 0),
+        }
+    )
+
+
+@job(
+    description="Beyond seed 004: remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
+    tags={"ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004"},
+)
+def delete_expired_artifact_files():
+    plan = plan_artifact_file_removal()
+    report_removed_artifact_files(plan, remove_expired_artifact_files(plan))
+
+
+delete_expired_artifact_files_schedule = ScheduleDefinition(
+    name="delete_expired_artifact_files_schedule",
+    job=delete_expired_artifact_files,
+    cron_schedule="*/10 * * * *",
     execution_timezone="UTC",
 )
