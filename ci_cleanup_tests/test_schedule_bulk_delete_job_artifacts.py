@@ -163,13 +163,21 @@ def test_pick_up_at_clamp_bounds():
     now = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
 
     def pick_up_at(expire_at):
-        a = S.ci_job_artifacts
         values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now, expire_at=expire_at)
         return service.deleted_object(type("Row", (), values), now)["pick_up_at"]
 
     assert pick_up_at(now - dt.timedelta(days=3)) == now - dt.timedelta(days=1)
     assert pick_up_at(now + dt.timedelta(days=3)) == now + dt.timedelta(hours=1)
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
+
+
+def test_artifact_without_a_stored_file_is_deleted_without_a_deleted_object(stack, engine, redis_client):
+    # GitLab's Ci::DeletedObject.bulk_import skips an artifact whose store_dir or file is nil.
+    enable(engine, service.FEATURE_FLAG)
+    artifact(engine, file=None)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    assert ids(engine, "ci_job_artifacts") == [] and deleted_objects(engine) == []
+    assert op_metadata(result, REPORT)["deleted_objects_created"] == 0
 
 
 def test_high_concurrency_flag_runs_10_buckets(stack, engine, redis_client):
@@ -381,6 +389,7 @@ def test_dry_run_with_the_flag_off_is_skipped(stack, engine, redis_client):
     assert ids(engine, "ci_job_artifacts") == [expired]
     assert redis_client.keys("*") == []
     assert op_metadata(result, REPORT)["status"] == "skipped: bulk_delete_job_artifacts disabled"
+    assert result.dagster_run.tags.get(DRY_RUN_TAG) == "true"
 
 
 @pytest.mark.parametrize(

@@ -86,11 +86,12 @@ def schedule_buckets(
     """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker per bucket."""
     schema = gitlab_db.schema
     now = utc_now()
+    if run_options.dry_run:
+        mark_dry_run(context)
     with gitlab_db.engine.connect() as conn:
         require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
         flags = service.read_flags(conn, schema)
         if run_options.dry_run and flags.enabled:
-            mark_dry_run(context)
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
     limits = dict(batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds)
