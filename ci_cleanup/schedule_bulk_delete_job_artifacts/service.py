@@ -13,7 +13,7 @@ import hashlib
 import posixpath
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 from sqlalchemy import ColumnElement, and_, delete, func, insert, select
