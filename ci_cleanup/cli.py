@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import redis
 from dagster import DagsterInstance
@@ -55,11 +56,24 @@ def cmd_schema_create(args, env) -> None:
 def cmd_seed(args, env) -> None:
     from .demo import seed
 
+    if getattr(args, "scale", None) is not None:
+        from .bench.seed import seed_scale
+
+        engine = _engine(env)
+        seed_scale(engine, args.scale)
+        engine.dispose()
+        return
     engine, client = _engine(env), redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
     create_schema(engine)
     seed(engine, client)
     engine.dispose()
     print("Seeded the demo GitLab dataset")
+
+
+def cmd_bench(args, env) -> None:
+    from .bench.run import main as bench
+
+    bench(env, args)
 
 
 def run_all_jobs(env, *, dry_run: bool = False) -> list[tuple[str, bool, dict]]:
@@ -137,12 +151,20 @@ def main(argv: list[str] | None = None) -> None:
     dev.add_argument("--port", type=int, default=3000)
     demo = sub.add_parser("demo", help="seed a small GitLab dataset, run every job once, print what changed")
     demo.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
-    sub.add_parser("seed", help="insert the demo GitLab dataset")
+    seed = sub.add_parser("seed", help="insert the demo GitLab dataset")
+    seed.add_argument("--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)")
+    bench = sub.add_parser("bench", help="benchmark every job against raw SQL and a per-row loop; writes BENCHMARKS.md")
+    bench.add_argument("--small-rows", type=int, default=100_000, help="ci_builds/ci_job_artifacts rows, first size")
+    bench.add_argument("--big-rows", type=int, default=1_000_000, help="second size (GitLab.com: 10000000)")
+    bench.add_argument("--work", type=int, default=20_000, help="candidates per job per measurement")
+    bench.add_argument("--memory-candidates", type=int, default=100_000, help="candidates of the big memory run")
+    bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
+    bench.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"), help="'' to skip")
     schema = sub.add_parser("schema", help="GitLab schema commands")
     schema.add_argument("action", choices=["create"])
     args = parser.parse_args(argv)
 
-    command = {"dev": cmd_dev, "demo": cmd_demo, "seed": cmd_seed, "schema": cmd_schema_create}[args.command]
+    command = {"dev": cmd_dev, "demo": cmd_demo, "seed": cmd_seed, "schema": cmd_schema_create, "bench": cmd_bench}[args.command]
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the servers too, as Ctrl-C does
     with environment(args.data_dir) as env:
         command(args, env)

@@ -208,10 +208,18 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
         Column("created_at", TIMESTAMP),
         Column("updated_at", TIMESTAMP),
     )
-    # GitLab's own index for Environment.auto_stoppable; id is added so paging by id stays inside it.
+    # GitLab's own index for Environment.auto_stoppable (counts use it).
     Index(
         "index_environments_on_state_and_auto_stop_at",
         environments.c.state,
+        environments.c.auto_stop_at,
+        postgresql_where=text("auto_stop_at IS NOT NULL AND state = 'available'"),
+    )
+    # environments_auto_stop pages by id: the same rows ordered by id, auto_stop_at checked inside the index,
+    # so a batch reads its 100 rows instead of sorting every due environment (cost would grow with the backlog).
+    Index(
+        "index_environments_on_id_and_auto_stop_at_when_available",
+        environments.c.id,
         environments.c.auto_stop_at,
         postgresql_where=text("auto_stop_at IS NOT NULL AND state = 'available'"),
     )

@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, any_, delete, func, or_, select, union_all
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.schema import GitLabSchema
@@ -64,10 +64,29 @@ def delete_sub_batch(engine: Engine, schema: GitLabSchema, deadline: dt.datetime
 
     A row another run deleted first is skipped by PostgreSQL's recheck, so it is never counted twice.
     """
-    m = schema.ci_runner_machines
-    picked = select(m.c.id).where(stale(schema, deadline)).limit(limit)
     with engine.begin() as conn:
-        return list(conn.scalars(delete(m).where(m.c.id.in_(picked)).returning(m.c.id)))
+        return list(conn.scalars(delete_sub_batch_statement(schema, deadline, limit)))
+
+
+def stale_ids_query(schema: GitLabSchema, deadline: dt.datetime, limit: int) -> Select:
+    """``stale.limit(n)`` as two ordered scans of GitLab's contacted_at index, so a sub-batch reads what it deletes.
+
+    Last contacted at or before the deadline, then never contacted (those registered within the
+    week are the only rows read and skipped). A plain ``LIMIT`` over the ``OR`` is a sequential scan
+    that re-reads the rows earlier sub-batches left dead: its cost grows with the table.
+    """
+    m = schema.ci_runner_machines
+    order = (m.c.contacted_at.desc(), m.c.id.desc())  # index_ci_runner_machines_on_contacted_at_desc_and_id_desc
+    contacted = select(m.c.id).where(m.c.contacted_at <= deadline, m.c.created_at <= deadline).order_by(*order).limit(limit)
+    never = select(m.c.id).where(m.c.contacted_at.is_(None), m.c.created_at <= deadline).order_by(*order).limit(limit)
+    both = union_all(contacted, never).subquery()
+    return select(both.c.id).limit(limit)
+
+
+def delete_sub_batch_statement(schema: GitLabSchema, deadline: dt.datetime, limit: int):
+    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) RETURNING id``: the ids are found first, then deleted by primary key."""
+    m = schema.ci_runner_machines
+    return delete(m).where(m.c.id == any_(func.array(stale_ids_query(schema, deadline, limit).scalar_subquery()))).returning(m.c.id)
 
 
 def delete_stale_runner_managers(

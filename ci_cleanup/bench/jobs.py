@@ -1,0 +1,297 @@
+"""The five jobs three ways, for the benchmark: the job's own service, a raw SQL loop with the same
+batch size (the floor), and a per-row read-then-write loop in the style of GitLab's ``drop!`` with
+optimistic locking (what running the Rails workers does today).
+
+Each runner takes ``(engine, redis_client, on_batch)`` and returns the rows it processed;
+``on_batch`` is called after every batch, so the caller can time batches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from sqlalchemy import insert, text
+from sqlalchemy.engine import Engine
+
+from ..drop_canceling_builds import service as drop_canceling
+from ..environments_auto_stop import service as auto_stop
+from ..gitlab import artifact_buckets, sidekiq_status
+from ..gitlab.schema import gitlab_schema, naive_utc, utc_now
+from ..schedule_bulk_delete_job_artifacts import service as bulk_delete
+from ..stale_runner_machines_cleanup import service as stale_machines
+from ..stuck_export_jobs import service as stuck_exports
+
+S = gitlab_schema()
+UNLIMITED = 10**9
+Runner = Callable[[Engine, redis.Redis, Callable[[], None]], int]
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    name: str
+    table: str  # where its candidates live (see seed.INSERTS)
+    batch_size: int
+    job: Runner
+    raw: Runner
+    per_row: Runner
+
+
+def _loop(engine: Engine, on_batch, batch: Callable[..., int]) -> int:
+    """Run ``batch(conn)`` in its own transaction until it processes nothing."""
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            n = batch(conn)
+        if not n:
+            return total
+        total += n
+        on_batch()
+
+
+def _per_row(engine: Engine, page_sql: str, params: dict, handle: Callable) -> int:
+    """Read a page of candidate ids (100, as ``each_batch`` would), then read and write each row in its own transaction."""
+    total, after = 0, 0
+    while True:
+        with engine.connect() as conn:
+            ids = list(conn.execute(text(page_sql), {**params, "after": after}).scalars())
+        if not ids:
+            return total
+        for row_id in ids:
+            with engine.begin() as conn:
+                total += handle(conn, row_id)
+        after = ids[-1]
+
+
+# -- drop_canceling_builds -----------------------------------------------------------------------
+
+CANCELING = "type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff"
+
+
+def _drop_params():
+    return {"cutoff": naive_utc(utc_now() - drop_canceling.TIMEOUT), "now": naive_utc(utc_now())}
+
+
+def drop_job(engine, client, on_batch):
+    result = drop_canceling.drop_canceling_builds(
+        engine, S, cutoff=utc_now() - drop_canceling.TIMEOUT, on_batch=lambda batch: on_batch()
+    )
+    return result.dropped
+
+
+def drop_raw(engine, client, on_batch):
+    sql = text(f"""
+        WITH dropped AS (
+          UPDATE ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, :now),
+                 updated_at = :now, lock_version = coalesce(lock_version, 0) + 1
+          WHERE id = ANY(ARRAY(SELECT id FROM ci_builds WHERE {CANCELING} ORDER BY created_at, project_id, id LIMIT 100))
+            AND {CANCELING}
+          RETURNING id),
+        pending AS (DELETE FROM ci_pending_builds WHERE build_id IN (SELECT id FROM dropped)),
+        running AS (DELETE FROM ci_running_builds WHERE build_id IN (SELECT id FROM dropped))
+        SELECT count(*) FROM dropped""")
+    params = _drop_params()
+    return _loop(engine, on_batch, lambda conn: conn.scalar(sql, params))
+
+
+def drop_per_row(engine, client, on_batch):
+    params = _drop_params()
+
+    def drop(conn, build_id):  # Ci::Build#drop! : read, then UPDATE … WHERE lock_version = read one
+        build = conn.execute(text(f"SELECT id, lock_version FROM ci_builds WHERE id = :id AND {CANCELING}"), {**params, "id": build_id}).first()
+        if build is None:
+            return 0
+        n = conn.execute(text("""UPDATE ci_builds SET status = 'failed', failure_reason = 3, finished_at = :now, updated_at = :now,
+                                 lock_version = lock_version + 1 WHERE id = :id AND lock_version = :lv"""),
+                         {**params, "id": build_id, "lv": build.lock_version}).rowcount
+        conn.execute(text("DELETE FROM ci_pending_builds WHERE build_id = :id"), {"id": build_id})
+        conn.execute(text("DELETE FROM ci_running_builds WHERE build_id = :id"), {"id": build_id})
+        return n
+
+    page = f"SELECT id FROM ci_builds WHERE {CANCELING} AND id > :after ORDER BY id LIMIT 100"
+    return _per_row(engine, page, params, drop)
+
+
+# -- stale_runner_machines_cleanup ---------------------------------------------------------------
+
+STALE = "created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :deadline)"
+
+
+def stale_job(engine, client, on_batch):
+    return stale_machines.delete_stale_runner_managers(
+        engine, S, now=utc_now(), max_deletions=UNLIMITED, on_sub_batch=lambda ids: on_batch()
+    ).total_deleted
+
+
+def stale_raw(engine, client, on_batch):
+    sql = text("""
+        DELETE FROM ci_runner_machines WHERE id = ANY(ARRAY(
+          (SELECT id FROM ci_runner_machines WHERE contacted_at <= :deadline AND created_at <= :deadline
+           ORDER BY contacted_at DESC, id DESC LIMIT 100)
+          UNION ALL
+          (SELECT id FROM ci_runner_machines WHERE contacted_at IS NULL AND created_at <= :deadline
+           ORDER BY contacted_at DESC, id DESC LIMIT 100) LIMIT 100))""")
+    params = {"deadline": stale_machines.stale_deadline(utc_now())}
+    return _loop(engine, on_batch, lambda conn: conn.execute(sql, params).rowcount)
+
+
+def stale_per_row(engine, client, on_batch):
+    params = {"deadline": stale_machines.stale_deadline(utc_now())}
+
+    def destroy(conn, machine_id):  # RunnerManager#destroy: read, then delete that row
+        if conn.execute(text(f"SELECT id FROM ci_runner_machines WHERE id = :id AND {STALE}"), {**params, "id": machine_id}).first() is None:
+            return 0
+        return conn.execute(text("DELETE FROM ci_runner_machines WHERE id = :id"), {"id": machine_id}).rowcount
+
+    return _per_row(engine, f"SELECT id FROM ci_runner_machines WHERE {STALE} AND id > :after ORDER BY id LIMIT 100", params, destroy)
+
+
+# -- stuck_export_jobs ---------------------------------------------------------------------------
+
+def exports_job(engine, client, on_batch):
+    return stuck_exports.mark_stuck_jobs_as_failed(
+        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION,
+        on_chunk=lambda chunk, outcome: on_batch(),
+    ).stuck
+
+
+def exports_raw(engine, client, on_batch):
+    total, after = 0, 0
+    while True:
+        with engine.begin() as conn:
+            page = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 1000"),
+                                {"after": after}).all()
+            if not page:
+                return total
+            completed = sidekiq_status.completed_jids(client, [r.jid for r in page])
+            ids = [r.id for r in page if r.jid in completed]
+            total += conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now WHERE id = ANY(:ids) AND status IN (0, 1)"),
+                                  {"ids": ids, "now": utc_now()}).rowcount
+        after = page[-1].id
+        on_batch()
+
+
+def exports_per_row(engine, client, on_batch):
+    def fail(conn, job_id):  # read the job, ask Sidekiq about its jid, fail it if still enqueued under that jid
+        job = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE id = :id AND status IN (0, 1)"), {"id": job_id}).first()
+        if job is None or client.exists(sidekiq_status.status_key(job.jid)):
+            return 0
+        return conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now WHERE id = :id AND jid = :jid AND status IN (0, 1)"),
+                            {"id": job_id, "jid": job.jid, "now": utc_now()}).rowcount
+
+    return _per_row(engine, "SELECT id FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 100", {}, fail)
+
+
+# -- environments_auto_stop ----------------------------------------------------------------------
+
+DUE = "state = 'available' AND auto_stop_at < :now"
+
+
+def envs_job(engine, client, on_batch):
+    result = auto_stop.auto_stop_environments(engine, S, max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1), on_batch=lambda b: on_batch())
+    return result.counts[auto_stop.STOPPED] + result.counts[auto_stop.STOPPING]
+
+
+def envs_raw(engine, client, on_batch):
+    """Page by id, look up stop actions (the last successful deployment) for the page, stop the rest in one UPDATE."""
+    total, after, now = 0, 0, utc_now()
+    while True:
+        with engine.begin() as conn:
+            ids = list(conn.scalars(text(f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100"), {"now": now, "after": after}))
+            if not ids:
+                return total
+            with_actions = set(conn.scalars(text("""
+                SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
+                  WHERE d.environment_id = e.id AND d.status = 2 ORDER BY d.id DESC LIMIT 1) last
+                JOIN ci_builds deployable ON deployable.id = last.deployable_id
+                JOIN ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop AND stop.type = 'Ci::Build'
+                WHERE e.id = ANY(:ids)"""), {"ids": ids}))
+            total += conn.execute(text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
+                                           WHERE id = ANY(:ids) AND {DUE} AND auto_stop_setting = 0"""),
+                                  {"ids": [i for i in ids if i not in with_actions], "now": now, "naive": naive_utc(now)}).rowcount
+        after = ids[-1]
+        on_batch()
+
+
+def envs_per_row(engine, client, on_batch):
+    now = utc_now()
+
+    def stop(conn, env_id):  # Environment#stop_with_actions!: read it and its last deployment, then stop it
+        env = conn.execute(text(f"SELECT id, auto_stop_setting FROM environments WHERE id = :id AND {DUE}"), {"id": env_id, "now": now}).first()
+        if env is None:
+            return 0
+        conn.execute(text("SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id AND status = 2 ORDER BY id DESC LIMIT 1"), {"id": env_id}).first()
+        return conn.execute(text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive WHERE id = :id AND {DUE}"),
+                            {"id": env_id, "now": now, "naive": naive_utc(now)}).rowcount
+
+    return _per_row(engine, f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100", {"now": now}, stop)
+
+
+# -- schedule_bulk_delete_job_artifacts ----------------------------------------------------------
+
+EXPIRED = "expire_at < :now AND file_type <> 3 AND locked = 0"
+
+
+def _enable_bulk_delete(engine: Engine, client: redis.Redis) -> None:
+    with engine.begin() as conn:
+        if not conn.scalar(text("SELECT 1 FROM feature_gates WHERE feature_key = :k"), {"k": bulk_delete.FEATURE_FLAG}):
+            conn.execute(insert(S.features).values(key=bulk_delete.FEATURE_FLAG))
+            conn.execute(insert(S.feature_gates).values(feature_key=bulk_delete.FEATURE_FLAG, key="boolean", value="true"))
+    artifact_buckets.schedule(client, bulk_delete.MAX_BUCKETS, utc_now())
+
+
+def artifacts_job(engine, client, on_batch):
+    _enable_bulk_delete(engine, client)
+    total = 0
+    for bucket in range(bulk_delete.MAX_BUCKETS):  # one worker per bucket, one after the other
+        total += bulk_delete.run_bucket_worker(
+            engine, client, S, bucket=bucket, max_batches=UNLIMITED, max_runtime=dt.timedelta(days=1),
+            on_batch=lambda b, batch: on_batch(),
+        ).destroyed_job_artifacts_count
+    return total
+
+
+def artifacts_raw(engine, client, on_batch):
+    sql = text(f"""
+        WITH deleted AS (
+          DELETE FROM ci_job_artifacts WHERE id = ANY(ARRAY(
+            SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND mod(project_id + job_id, 5) = :bucket LIMIT 100 FOR UPDATE SKIP LOCKED))
+          RETURNING project_id, file_store, file_final_path, expire_at),
+        recorded AS (
+          INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
+          SELECT file_store, regexp_replace(file_final_path, '/[^/]*$', ''), regexp_replace(file_final_path, '^.*/', ''),
+                 project_id, least(greatest(expire_at, :now - interval '1 day'), :now + interval '1 hour')
+          FROM deleted WHERE file_final_path IS NOT NULL)
+        SELECT count(*) FROM deleted""")
+    total = 0
+    for bucket in range(bulk_delete.MAX_BUCKETS):
+        total += _loop(engine, on_batch, lambda conn: conn.scalar(sql, {"now": utc_now(), "bucket": bucket}))
+    return total
+
+
+def artifacts_per_row(engine, client, on_batch):
+    now = utc_now()
+
+    def destroy(conn, artifact_id):  # read the artifact, delete it, record its file
+        a = conn.execute(text(f"SELECT * FROM ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE"), {"id": artifact_id, "now": now}).first()
+        if a is None:
+            return 0
+        conn.execute(text("DELETE FROM ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
+        deleted = bulk_delete.deleted_object(a, now)
+        if deleted:
+            conn.execute(insert(S.ci_deleted_objects), deleted)
+        return 1
+
+    return _per_row(engine, f"SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)
+
+
+JOBS = [
+    BenchJob("drop_canceling_builds", "ci_builds", 100, drop_job, drop_raw, drop_per_row),
+    BenchJob("stale_runner_machines_cleanup", "ci_runner_machines", 100, stale_job, stale_raw, stale_per_row),
+    BenchJob("stuck_export_jobs", "project_export_jobs", 1000, exports_job, exports_raw, exports_per_row),
+    BenchJob("environments_auto_stop", "environments", 100, envs_job, envs_raw, envs_per_row),
+    BenchJob("schedule_bulk_delete_job_artifacts", "ci_job_artifacts", 100, artifacts_job, artifacts_raw, artifacts_per_row),
+]
+BY_NAME = {job.name: job for job in JOBS}

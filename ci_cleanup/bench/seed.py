@@ -1,0 +1,142 @@
+"""Fill the GitLab schema fast, server-side (``INSERT … SELECT … FROM generate_series``).
+
+At ``scale=1.0``: 10 M ``ci_builds`` (1 % stuck canceling), 1 M runner machines (10 % stale),
+1 M export jobs (1 % stuck), 1 M environments (5 % past auto_stop_at) and 10 M job artifacts
+(10 % expired and deletable). Everything else is the mix the jobs must leave alone: finished
+builds, live runners, finished exports, stopped or not-yet-due environments, locked, unexpired
+or trace artifacts. Values are derived from the series number, so a seed is deterministic.
+
+Each ``insert_*`` takes ``every``: row ``g`` is a candidate when ``g % every = 0`` (1: all
+candidates; :data:`NONE`: none), which is how the benchmark adds work to a big table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from ..gitlab.schema import create_schema, naive_utc, utc_now
+
+NONE = 2**62  # an `every` no series number reaches: no candidates
+CHUNK = 1_000_000  # rows per INSERT, so a big seed commits (and reports) as it goes
+
+# (table, rows at scale 1.0, a candidate every n rows)
+MIX = {
+    "ci_builds": (10_000_000, 100),
+    "ci_runner_machines": (1_000_000, 10),
+    "project_export_jobs": (1_000_000, 100),
+    "environments": (1_000_000, 20),
+    "ci_job_artifacts": (10_000_000, 10),
+}
+
+
+def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
+    """Finished builds, and builds stuck ``canceling`` for 2 h to a year (with their ci_running_builds row)."""
+    before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM ci_builds"))
+    conn.execute(text("""
+        INSERT INTO ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
+                               lock_version, created_at, updated_at, started_at, finished_at, "when", allow_failure)
+        SELECT 100, 1 + g % 50000, g / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
+               CASE WHEN g % :every = 0 THEN 'canceling'
+                    ELSE (ARRAY['success','success','success','success','success','success','failed','canceled','skipped','manual'])[1 + (g / 7) % 10] END,
+               1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END, 'on_success', false
+        FROM generate_series(1, :n) g, LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g * 7919) % 31536000) AS t) x
+    """), {"n": n, "every": every, "now": naive_utc(now)})
+    conn.execute(text("""
+        INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
+        SELECT id, project_id, runner_id, 1, 100 FROM ci_builds WHERE status = 'canceling' AND type = 'Ci::Build' AND id > :before
+    """), {"before": before})
+
+
+def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
+    """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year."""
+    conn.execute(text("""
+        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at)
+        SELECT 1 + g % 200000, 's_' || g, 1 + g % 3, created, coalesce(contacted, created), contacted
+        FROM generate_series(1, :n) g,
+        LATERAL (SELECT CASE WHEN g % :every = 0 THEN :now - make_interval(days => 8 + g % 400)
+                             WHEN g % 20 = 0 THEN :now - make_interval(secs => g % 500000)
+                             ELSE :now - make_interval(days => g % 700) END AS created,
+                        CASE WHEN g % :every = 0 THEN (CASE WHEN g % 4 = 0 THEN NULL ELSE :now - make_interval(days => 8) END)
+                             WHEN g % 20 = 0 THEN NULL
+                             ELSE :now - make_interval(secs => g % 3600) END AS contacted) x
+    """), {"n": n, "every": every, "now": now})
+
+
+def insert_export_jobs(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
+    """Finished and failed exports, and queued or started ones whose Sidekiq job is gone (no status key)."""
+    conn.execute(text("""
+        INSERT INTO project_export_jobs (project_id, status, jid, user_id, created_at, updated_at)
+        SELECT 1 + g % 50000, CASE WHEN g % :every = 0 THEN g % 2 WHEN g % 10 < 8 THEN 2 ELSE 3 END,
+               md5(random()::text), 1 + g % 100000, t, t
+        FROM generate_series(1, :n) g, LATERAL (SELECT :now - make_interval(secs => 3600 + g % 31536000) AS t) x
+    """), {"n": n, "every": every, "now": now})
+
+
+def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
+    """Stopped environments, available ones without or before auto_stop_at, and review apps past it."""
+    conn.execute(text("""
+        INSERT INTO environments (project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at)
+        SELECT 1 + g % 50000, 'review/' || g, 'review-' || g,
+               CASE WHEN g % :every = 0 OR g % 10 >= 8 THEN 'available' ELSE 'stopped' END,
+               CASE WHEN g % :every = 0 THEN CAST(:now AS timestamptz) - make_interval(mins => 1 + g % 10000)
+                    WHEN g % 10 = 9 THEN CAST(:now AS timestamptz) + make_interval(mins => 1 + g % 10000) END,
+               0, CAST(:naive AS timestamp) - make_interval(days => g % 700), CAST(:naive AS timestamp)
+        FROM generate_series(1, :n) g
+    """), {"n": n, "every": every, "now": now, "naive": naive_utc(now)})
+
+
+def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
+    """Locked, unexpired, never-expiring and trace artifacts, and unlocked ones expired 1 to 30 days ago."""
+    conn.execute(text("""
+        INSERT INTO ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store,
+                                      file_final_path, expire_at, locked, created_at, updated_at)
+        SELECT 100, 1 + (g / 7) % 50000, g / 3, CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
+               1000 + g % 100000, 'artifacts.zip', 2,
+               CASE WHEN g % 2 = 0 THEN '@final/' || substr(md5(g::text), 1, 2) || '/' || md5(g::text) END,
+               CASE WHEN g % :every = 0 THEN :now - make_interval(days => 1 + g % 30)
+                    WHEN g % 10 < 4 THEN :now - make_interval(days => 1 + g % 300)
+                    WHEN g % 10 < 7 THEN :now + make_interval(days => 1 + g % 30)
+                    WHEN g % 10 = 9 THEN :now - make_interval(days => 1 + g % 30) END,
+               CASE WHEN g % :every = 0 OR g % 10 >= 4 THEN 0 ELSE 1 END, created, created
+        FROM generate_series(1, :n) g, LATERAL (SELECT :now - make_interval(days => 31 + g % 300) AS created) x
+    """), {"n": n, "every": every, "now": now})
+
+
+INSERTS = {
+    "ci_builds": insert_builds,
+    "ci_runner_machines": insert_runner_machines,
+    "project_export_jobs": insert_export_jobs,
+    "environments": insert_environments,
+    "ci_job_artifacts": insert_artifacts,
+}
+
+
+def insert(engine: Engine, table: str, n: int, every: int = NONE, now: dt.datetime | None = None) -> None:
+    """``n`` rows of ``table``'s mix, ``CHUNK`` rows per transaction."""
+    now = now or utc_now()
+    for start in range(0, n, CHUNK):
+        with engine.begin() as conn:
+            INSERTS[table](conn, min(CHUNK, n - start), every, now)
+
+
+def analyze(engine: Engine) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+
+
+def seed_scale(engine: Engine, scale: float, *, candidates: bool = True, log=print) -> dict[str, int]:
+    """The GitLab.com mix times ``scale``; returns the rows inserted per table."""
+    create_schema(engine)
+    counts = {}
+    for table, (rows, every) in MIX.items():
+        n = max(1, int(rows * scale))
+        started = time.monotonic()
+        insert(engine, table, n, every if candidates else NONE)
+        counts[table] = n
+        log(f"{table}: {n:,} rows in {time.monotonic() - started:.1f} s")
+    analyze(engine)
+    return counts
