@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import redis
-from sqlalchemy import Select, and_, exists, func, select, update
+from sqlalchemy import Select, and_, exists, func, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -143,9 +143,47 @@ def fail_export_job(engine: Engine, schema: GitLabSchema, job_id: int, jid: str,
     return failed is not None
 
 
+def fail_stuck_statement(schema: GitLabSchema, stuck: list[Row], now: dt.datetime):
+    """One guarded UPDATE for a chunk: each job failed only if still enqueued under the jid we checked."""
+    j = schema.project_export_jobs
+    return (
+        update(j)
+        .where(j.c.id.in_([job.id for job in stuck]), tuple_(j.c.id, j.c.jid).in_([(job.id, job.jid) for job in stuck]))
+        .where(j.c.status.in_(ENQUEUED))
+        .values(status=EXPORT_FAILED, updated_at=now)
+        .returning(j.c.id)
+    )
+
+
 def fail_stuck(
     engine: Engine, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
     report_error: Callable[[int, BaseException], None] = lambda job_id, error: None,
+) -> FailOutcome:
+    """Fail the chunk's stuck jobs in one statement; if the database refuses it, fail each alone.
+
+    Each row ends as the seed's record-level transactions leave it: the chunk's statement is all or
+    nothing, and when it fails (a bad row) every job is retried in its own transaction, the bad one
+    reported and the others failed (the seed's RecordInvalid case). One statement instead of one
+    transaction per row is what keeps a chunk of 1000 within reach of plain SQL.
+    """
+    if not stuck:
+        return FailOutcome()
+    try:
+        with engine.begin() as conn:
+            failed_ids = set(conn.scalars(fail_stuck_statement(schema, stuck, now)))
+    except DBAPIError as e:
+        if e.connection_invalidated:
+            raise
+        return fail_stuck_one_by_one(engine, schema, stuck, now, report_error)
+    return FailOutcome(
+        failed=[job for job in stuck if job.id in failed_ids],
+        changed_meanwhile=[job.id for job in stuck if job.id not in failed_ids],
+    )
+
+
+def fail_stuck_one_by_one(
+    engine: Engine, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
+    report_error: Callable[[int, BaseException], None],
 ) -> FailOutcome:
     """Fail each stuck job alone; a row that errors is reported and the others go on (the seed's RecordInvalid case)."""
     outcome = FailOutcome()
