@@ -1,0 +1,103 @@
+"""The Dagster UI of the dev stack, in a real headless Chromium (Debian's), driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .test_code_location import SCHEDULES, _free_port, _servers_of, clean_env
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+BIN = Path(sys.executable).parent
+# Flags this workplace's Chromium needs: no sandbox as root, and no background calls to the closed network.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def dev_ui(tmp_path_factory):
+    """`ci-cleanup dev` on a seeded embedded stack; yields the UI's base URL, then stops it as Ctrl-C would."""
+    data_dir, port = tmp_path_factory.mktemp("ui") / "dev", _free_port()
+    subprocess.run([BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True)
+    process = subprocess.Popen(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(base + "/server_info", timeout=2)
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, "the UI did not come up"
+            time.sleep(1)
+    yield base
+    os.killpg(process.pid, signal.SIGINT)
+    process.communicate(timeout=60)
+    assert _servers_of(data_dir) == []
+
+
+@pytest.fixture
+def page(dev_ui):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def open_page(page, url: str) -> None:
+    page.goto(url, wait_until="networkidle")
+    skip = page.get_by_role("button", name="Skip")  # Dagster's first-visit newsletter dialog
+    if skip.count():
+        skip.first.click()
+
+
+def test_the_five_jobs_and_schedules_are_listed_with_their_crons(dev_ui, page):
+    open_page(page, dev_ui + "/jobs")
+    for _, (job, _) in SCHEDULES.items():
+        sync_api.expect(page.get_by_text(job, exact=True).first).to_be_visible()
+
+    for name, (job, cron) in SCHEDULES.items():
+        open_page(page, f"{dev_ui}/locations/ci_cleanup/schedules/{name}")
+        sync_api.expect(page.get_by_text(f"({cron})", exact=True)).to_be_visible()
+        sync_api.expect(page.get_by_text("UTC", exact=True)).to_be_visible()
+
+
+def test_launchpad_dry_run_of_drop_canceling_builds_succeeds_with_its_metadata(dev_ui, page):
+    open_page(page, f"{dev_ui}/locations/ci_cleanup/jobs/drop_canceling_builds/playground")
+    editor = page.locator(".CodeMirror").first
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.type("resources: {run_options: {config: {dry_run: true}}}")
+    page.get_by_role("button", name="Launch Run").click()
+
+    page.wait_for_url(re.compile(r".*/runs/[0-9a-f-]{36}.*"))
+    sync_api.expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=120_000)
+    sync_api.expect(page.get_by_text("RUN_SUCCESS").first).to_be_visible(timeout=60_000)
+    sync_api.expect(page.get_by_text("dry run", exact=True).first).to_be_visible()  # report_dropped_builds' status
+    sync_api.expect(page.get_by_text("rows_changed", exact=True).first).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "drop_canceling_builds_dry_run.png"))
+
+    page.get_by_role("button", name="View tags and config").click()
+    sync_api.expect(page.get_by_text("ci_cleanup/dry_run").first).to_be_visible()
