@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, and_, delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -62,7 +62,7 @@ def outdated_canceling(schema: GitLabSchema, cutoff: dt.datetime) -> ColumnEleme
     )
 
 
-def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude: set[int]):
+def find_batch_query(schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude: set[int]) -> Select:
     """The next ``limit`` candidates, ``ORDER BY created_at, project_id`` as the seed says."""
     b = schema.ci_builds
     query = select(b.c.id, b.c.runner_id, b.c.status, func.coalesce(b.c.lock_version, 0).label("lock_version")).where(
@@ -70,7 +70,11 @@ def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limi
     )
     if exclude:
         query = query.where(b.c.id.not_in(exclude))
-    return conn.execute(query.order_by(b.c.created_at, b.c.project_id, b.c.id).limit(limit)).all()
+    return query.order_by(b.c.created_at, b.c.project_id, b.c.id).limit(limit)
+
+
+def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude: set[int]):
+    return conn.execute(find_batch_query(schema, cutoff, limit, exclude)).all()
 
 
 def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime) -> int:
@@ -83,13 +87,18 @@ def _delete_from_queues(conn: Connection, schema: GitLabSchema, build_ids: list[
     conn.execute(delete(schema.ci_running_builds).where(schema.ci_running_builds.c.build_id.in_(build_ids)))
 
 
-def _drop(conn: Connection, schema: GitLabSchema, expected: dict[int, int], cutoff: dt.datetime, now: dt.datetime):
-    """Drop the builds whose lock_version is still the one we read and that are still outdated and canceling."""
-    b = schema.ci_builds
+def drop_statement(schema: GitLabSchema, expected: dict[int, int], cutoff: dt.datetime, now: dt.datetime) -> Select:
+    """Drop the builds whose lock_version is still the one we read and that are still outdated and canceling.
+
+    One statement: the UPDATE and the two queue DELETEs of what it dropped are data-modifying CTEs,
+    so a batch costs one round trip, as plain SQL would. ``id IN`` keeps it on the primary key.
+    """
+    b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
     now = naive_utc(now)
-    dropped = conn.execute(
+    dropped = (
         update(b)
         .where(
+            b.c.id.in_(list(expected)),
             tuple_(b.c.id, func.coalesce(b.c.lock_version, 0)).in_(list(expected.items())),
             outdated_canceling(schema, cutoff),
         )
@@ -101,10 +110,16 @@ def _drop(conn: Connection, schema: GitLabSchema, expected: dict[int, int], cuto
             lock_version=func.coalesce(b.c.lock_version, 0) + 1,
         )
         .returning(b.c.id, b.c.runner_id)
-    ).all()
-    if dropped:
-        _delete_from_queues(conn, schema, [row.id for row in dropped])
-    return dropped
+        .cte("dropped")
+    )
+    # A build leaving `canceling` for `failed` leaves GitLab's pending and running queues too.
+    left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
+    left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
+    return select(dropped.c.id, dropped.c.runner_id).add_cte(left_pending, left_running)
+
+
+def _drop(conn: Connection, schema: GitLabSchema, expected: dict[int, int], cutoff: dt.datetime, now: dt.datetime):
+    return conn.execute(drop_statement(schema, expected, cutoff, now)).all()
 
 
 def doom(engine: Engine, schema: GitLabSchema, build_id: int, now: dt.datetime) -> bool:

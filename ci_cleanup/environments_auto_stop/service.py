@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, and_, func, select, true, update
+from sqlalchemy import ColumnElement, Select, and_, func, select, true, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
@@ -88,15 +88,19 @@ def count_auto_stoppable(conn: Connection, schema: GitLabSchema, now: dt.datetim
     return conn.scalar(select(func.count()).select_from(schema.environments).where(auto_stoppable(schema, now)))
 
 
-def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> list[Row]:
+def find_batch_query(schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> Select:
     """The next ``limit`` auto-stoppable environments after ``after_id``, by id (keyset paging)."""
     e = schema.environments
-    return conn.execute(
+    return (
         select(e.c.id, e.c.project_id, e.c.auto_stop_setting)
         .where(auto_stoppable(schema, now), e.c.id > after_id)
         .order_by(e.c.id)
         .limit(limit)
-    ).all()
+    )
+
+
+def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> list[Row]:
+    return conn.execute(find_batch_query(schema, now, after_id, limit)).all()
 
 
 def find_stop_actions(conn: Connection, schema: GitLabSchema, environment_ids: list[int]) -> dict[int, list[Row]]:
@@ -200,13 +204,58 @@ def stop_environment(
     return outcome, played
 
 
+def stop_together(
+    engine: Engine, schema: GitLabSchema, environments: list[Row], actions: dict[int, list[Row]], now: dt.datetime
+) -> BatchOutcome:
+    """The batch in one transaction: one UPDATE per outcome and one for the stop actions to play.
+
+    The same guards as :func:`stop_environment` (still auto-stoppable; ``always`` for a plain stop),
+    so each environment ends as it would alone; an environment that no longer qualifies is
+    ``changed_concurrently`` and its stop actions are not played.
+    """
+    e = schema.environments
+    outcomes = {env.id: outcome_for(env, actions.get(env.id, [])) for env in environments}
+    by_outcome = {o: [i for i, out in outcomes.items() if out == o] for o in (STOPPED, STOPPING)}
+    batch = BatchOutcome()
+    with engine.begin() as conn:
+        stopped = set(conn.scalars(
+            update(e)
+            .where(e.c.id.in_(by_outcome[STOPPED]), auto_stoppable(schema, now), e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
+            .values(state="stopped", auto_stop_at=None, updated_at=naive_utc(now))
+            .returning(e.c.id)
+        )) if by_outcome[STOPPED] else set()
+        stopping = set(conn.scalars(
+            update(e)
+            .where(e.c.id.in_(by_outcome[STOPPING]), auto_stoppable(schema, now))
+            .values(state="stopping", updated_at=naive_utc(now))
+            .returning(e.c.id)
+        )) if by_outcome[STOPPING] else set()
+        to_play = [a for env_id in sorted(stopping) for a in actions[env_id]]
+        played = set(_play(conn, schema, to_play, now)) if to_play else set()
+    for env in environments:
+        outcome = outcomes[env.id]
+        if outcome != LEFT_UNTOUCHED and env.id not in stopped | stopping:
+            outcome = CHANGED_CONCURRENTLY
+        batch.ids[outcome].append(env.id)
+        if outcome == STOPPING:
+            batch.stop_actions_started += sorted(a.id for a in actions[env.id] if a.id in played)
+    return batch
+
+
 def stop_batch(
     engine: Engine, schema: GitLabSchema, environments: list[Row], *, now: dt.datetime, dry_run: bool,
     report_error: Callable[[int, BaseException], None],
 ) -> BatchOutcome:
-    batch = BatchOutcome()
+    """Stop a batch together; if the database refuses the batch (a bad row), each environment alone."""
     with engine.connect() as conn:
         actions = find_stop_actions(conn, schema, [env.id for env in environments])
+    if not dry_run:
+        try:
+            return stop_together(engine, schema, environments, actions, now)
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+    batch = BatchOutcome()
     for env in environments:
         env_actions = actions.get(env.id, [])
         if dry_run:
