@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     command = {"dev": cmd_dev, "demo": cmd_demo, "seed": cmd_seed, "schema": cmd_schema_create, "bench": cmd_bench}[args.command]
-    signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the servers too, as Ctrl-C does
+    # Ctrl-C and TERM stop the servers, also when started in the background with SIGINT ignored
+    # (an ignored SIGINT would be inherited by `dagster dev`, which could then not be stopped).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     with environment(args.data_dir) as env:
         command(args, env)
