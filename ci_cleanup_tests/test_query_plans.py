@@ -1,0 +1,83 @@
+"""Every candidate query and batch statement of every job reads the large tables through an index.
+
+The statements are the services' own (their query builders, compiled here), explained on a
+moderate GitLab.com-like dataset (200 k builds and artifacts, 20 k of the other tables) after
+ANALYZE, so the planner sees realistic statistics. A Seq Scan on one of these tables means a
+batch's cost grows with the table, not with the work.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.dialects import postgresql
+
+from ci_cleanup.bench.seed import seed_scale
+from ci_cleanup.drop_canceling_builds import service as drop_canceling
+from ci_cleanup.environments_auto_stop import service as auto_stop
+from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
+from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
+from ci_cleanup.stuck_export_jobs import service as stuck_exports
+
+S = gitlab_schema()
+LARGE = {"ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "ci_job_artifacts", "deployments"}
+NOW = utc_now()
+CUTOFF = NOW - drop_canceling.TIMEOUT
+DEADLINE = stale_machines.stale_deadline(NOW)
+
+
+@pytest.fixture(scope="module")
+def seeded(_engine):
+    names = ", ".join(f'"{t.name}"' for t in S.metadata.sorted_tables)
+    with _engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+    seed_scale(_engine, 0.02, log=lambda line: None)
+    yield _engine
+    with _engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+
+
+def first_ids(engine, query, n=100):
+    with engine.connect() as conn:
+        return conn.execute(query.limit(n)).all()
+
+
+def statements(engine):
+    """(name, statement) for every job, built by the services' own functions."""
+    b, m, j, e = S.ci_builds, S.ci_runner_machines, S.project_export_jobs, S.environments
+    builds = first_ids(engine, drop_canceling.find_batch_query(S, CUTOFF, 100, set()))
+    exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
+    envs = first_ids(engine, auto_stop.find_batch_query(S, NOW, 0, 100))
+    yield "drop_canceling_builds count", select(func.count()).select_from(b).where(drop_canceling.outdated_canceling(S, CUTOFF))
+    yield "drop_canceling_builds batch", drop_canceling.find_batch_query(S, CUTOFF, 100, set())
+    yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(S, CUTOFF, 100, {r.id for r in builds[:3]})
+    yield "drop_canceling_builds drop", drop_canceling.drop_statement(S, {r.id: r.lock_version for r in builds}, CUTOFF, NOW)
+    yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(stale_machines.stale(S, DEADLINE))
+    yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
+    yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
+    yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
+    yield "stuck_export_jobs fail", stuck_exports.fail_stuck_statement(S, exports, NOW)
+    yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
+    yield "environments_auto_stop batch", auto_stop.find_batch_query(S, NOW, envs[len(envs) // 2].id, 100)
+
+
+def seq_scans(plan: dict) -> list[str]:
+    found = [plan["Relation Name"]] if plan["Node Type"] == "Seq Scan" and plan.get("Relation Name") in LARGE else []
+    for child in plan.get("Plans", []):
+        found += seq_scans(child)
+    return found
+
+
+def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
+    checked, failures = 0, []
+    with seeded.connect() as conn:
+        for name, statement in statements(seeded):
+            sql = statement.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+            [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar()
+            checked += 1
+            if scans := seq_scans(plan["Plan"]):
+                failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
+    assert checked == 11
+    assert failures == []
