@@ -12,7 +12,6 @@ import datetime as dt
 
 import pytest
 from sqlalchemy import func, select, text
-from sqlalchemy.dialects import postgresql
 
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
@@ -74,8 +73,8 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
     checked, failures = 0, []
     with seeded.connect() as conn:
         for name, statement in statements(seeded):
-            sql = statement.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
-            [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}").scalar()
+            compiled = statement.compile(dialect=seeded.dialect, compile_kwargs={"render_postcompile": True})
+            [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}", compiled.params).scalar()
             checked += 1
             if scans := seq_scans(plan["Plan"]):
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")

@@ -11,7 +11,8 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, Select, and_, delete, func, select, tuple_, update
+from sqlalchemy import BigInteger, ColumnElement, Integer, Select, and_, bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -95,11 +96,16 @@ def drop_statement(schema: GitLabSchema, expected: dict[int, int], cutoff: dt.da
     """
     b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
     now = naive_utc(now)
+    # The (id, lock_version) pairs read, as two array parameters: a literal list of 100 pairs would be
+    # an OR of 100 branches that PostgreSQL takes longer to plan than to run.
+    read = func.unnest(
+        bindparam("ids", list(expected), type_=ARRAY(BigInteger)), bindparam("lock_versions", list(expected.values()), type_=ARRAY(Integer))
+    ).table_valued("id", "lock_version").render_derived(name="read")
     dropped = (
         update(b)
         .where(
-            b.c.id.in_(list(expected)),
-            tuple_(b.c.id, func.coalesce(b.c.lock_version, 0)).in_(list(expected.items())),
+            b.c.id == read.c.id,
+            func.coalesce(b.c.lock_version, 0) == read.c.lock_version,
             outdated_canceling(schema, cutoff),
         )
         .values(

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import redis
-from sqlalchemy import Select, and_, exists, func, select, tuple_, update
+from sqlalchemy import BigInteger, Select, String, and_, bindparam, exists, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -146,9 +147,13 @@ def fail_export_job(engine: Engine, schema: GitLabSchema, job_id: int, jid: str,
 def fail_stuck_statement(schema: GitLabSchema, stuck: list[Row], now: dt.datetime):
     """One guarded UPDATE for a chunk: each job failed only if still enqueued under the jid we checked."""
     j = schema.project_export_jobs
+    # The (id, jid) pairs checked, as two array parameters (a literal list of pairs is slow to plan).
+    checked = func.unnest(
+        bindparam("ids", [job.id for job in stuck], type_=ARRAY(BigInteger)), bindparam("jids", [job.jid for job in stuck], type_=ARRAY(String))
+    ).table_valued("id", "jid").render_derived(name="checked")
     return (
         update(j)
-        .where(j.c.id.in_([job.id for job in stuck]), tuple_(j.c.id, j.c.jid).in_([(job.id, job.jid) for job in stuck]))
+        .where(j.c.id == checked.c.id, j.c.jid == checked.c.jid)
         .where(j.c.status.in_(ENQUEUED))
         .values(status=EXPORT_FAILED, updated_at=now)
         .returning(j.c.id)
