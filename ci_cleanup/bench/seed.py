@@ -43,7 +43,7 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
                CASE WHEN g % :every = 0 THEN 'canceling'
                     ELSE (ARRAY['success','success','success','success','success','success','failed','canceled','skipped','manual'])[1 + (g / 7) % 10] END,
                1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END, 'on_success', false
-        FROM generate_series(1, :n) g, LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g * 7919) % 31536000) AS t) x
+        FROM generate_series(1, :n) g, LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g::bigint * 7919) % 31536000) AS t) x
     """), {"n": n, "every": every, "now": naive_utc(now)})
     conn.execute(text("""
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
