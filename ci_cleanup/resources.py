@@ -14,13 +14,21 @@ from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from .gitlab.schema import GitLabSchema, gitlab_schema
 
 
 class ServiceUnavailable(RuntimeError):
     """PostgreSQL or Redis could not be reached or used; the message names which."""
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The GitLab database went away mid-run (server stopped, connection terminated): the run fails."""
+
+
+class RedisUnavailable(ServiceUnavailable, redis.ConnectionError):
+    """A Redis server went away mid-run; still a ``redis.ConnectionError`` for code that handles those."""
 
 
 def database_url(url: str):
@@ -71,13 +79,28 @@ class GitLabDatabase(ConfigurableResource):
                 cursor.execute(f"SET statement_timeout = {int(timeout_ms)}")
             dbapi_connection.commit()
 
+        where = url.render_as_string(hide_password=True)
+
+        @event.listens_for(self._engine, "handle_error")
+        def _name_the_server(ctx):
+            # psycopg2 says "server closed the connection unexpectedly" or "connection to server on socket
+            # … failed" without naming which server: say it is GitLab's PostgreSQL. A lost connection,
+            # or one that cannot be opened (no statement yet), fails the run; never a pre-ping, which
+            # must stay a plain disconnect so the pool reconnects after a restart.
+            lost = ctx.is_disconnect or (ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError))
+            if lost and not ctx.is_pre_ping:
+                return DatabaseUnavailable(
+                    f"Lost the GitLab database (PostgreSQL) at {where}: {str(ctx.original_exception).strip()}"
+                )
+            return None
+
         try:
             with self._engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
         except SQLAlchemyError as e:
             self._engine.dispose()
             raise ServiceUnavailable(
-                f"Cannot reach the GitLab database at {url.render_as_string(hide_password=True)}: "
+                f"Cannot reach the GitLab database (PostgreSQL) at {where}: "
                 f"{getattr(e, 'orig', e)}".strip()
             ) from None
 
@@ -95,13 +118,51 @@ class GitLabDatabase(ConfigurableResource):
         return gitlab_schema(self.builds_table, self.job_artifacts_table)
 
 
+def _named(server: str | None, error: Exception) -> Exception:
+    if server is None or isinstance(error, RedisUnavailable):
+        return error
+    return RedisUnavailable(f"Lost {server}: {error}")
+
+
+class _NamedPipeline(redis.client.Pipeline):
+    server: str | None = None
+
+    def execute(self, raise_on_error: bool = True):
+        try:
+            return super().execute(raise_on_error)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise _named(self.server, e) from None
+
+
+class _NamedRedis(redis.Redis):
+    """redis-py says "Error 111 connecting to unix socket: …": name the server (never its password) instead."""
+
+    server: str | None = None  # e.g. "Redis (CI_CLEANUP_REDIS_URL) at unix://…", set once the first PING went through
+
+    def execute_command(self, *args, **options):
+        try:
+            return super().execute_command(*args, **options)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise _named(self.server, e) from None
+
+    def pipeline(self, transaction=True, shard_hint=None) -> redis.client.Pipeline:
+        pipe = _NamedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.server = self.server
+        return pipe
+
+
 def _redis_client(url: str, what: str) -> redis.Redis:
-    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    where = f"{what} at {redact_redis_url(url)}"
+    try:
+        client = _NamedRedis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    except ValueError as e:
+        raise ServiceUnavailable(f"Cannot reach {where}: {e}") from None
     try:
         client.ping()
     except (redis.RedisError, ValueError) as e:
         client.close()
-        raise ServiceUnavailable(f"Cannot reach {what} at {redact_redis_url(url)}: {e}") from None
+        raise ServiceUnavailable(f"Cannot reach {where}: {e}") from None
+    client.server = where
     return client
 
 

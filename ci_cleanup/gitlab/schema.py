@@ -24,7 +24,9 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    Numeric,
     SmallInteger,
     String,
     Table,
@@ -325,18 +327,35 @@ def create_schema(engine: Engine, schema: GitLabSchema | None = None) -> None:
     (schema or gitlab_schema()).metadata.create_all(engine)
 
 
+# Type families a reflected column must share with its declaration: int, bigint and smallint are one
+# family (GitLab widens ids over time), varchar and text another; a timestamp must also agree on time zone.
+_TYPE_FAMILIES = (Boolean, Integer, String, DateTime, Numeric, LargeBinary)
+
+
+def _family(column_type) -> tuple:
+    family = next((f for f in _TYPE_FAMILIES if isinstance(column_type, f)), type(column_type))
+    return (family, bool(getattr(column_type, "timezone", False))) if family is DateTime else (family,)
+
+
 def require_columns(conn: Connection, tables: list[Table]) -> None:
-    """Fail, naming every missing table and column, unless the database has what ``tables`` use."""
+    """Fail, naming every missing table and column and every column of an incompatible type, unless the database has what ``tables`` use."""
     inspector = inspect(conn)
-    missing = []
+    problems = []
     for table in tables:
         if not inspector.has_table(table.name):
-            missing.append(f"table {table.name}")
+            problems.append(f"table {table.name} is missing")
             continue
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        missing += [f"column {table.name}.{c.name}" for c in table.columns if c.name not in present]
-    if missing:
+        present = {c["name"]: c["type"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                problems.append(f"column {table.name}.{column.name} is missing")
+            elif _family(present[column.name]) != _family(column.type):
+                found = present[column.name].compile(dialect=conn.dialect)
+                problems.append(
+                    f"column {table.name}.{column.name} is {found}, expected {column.type.compile(dialect=conn.dialect)}"
+                )
+    if problems:
         raise SchemaMismatch(
-            "The database is missing what this job needs (ci_cleanup never creates tables in it): "
-            + ", ".join(missing)
+            "The database does not have what this job needs (ci_cleanup never creates or alters tables in it): "
+            + ", ".join(problems)
         )
