@@ -89,15 +89,17 @@ class GitLabDatabase(ConfigurableResource):
             # must stay a plain disconnect so the pool reconnects after a restart.
             lost = ctx.is_disconnect or (ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError))
             if lost and not ctx.is_pre_ping:
-                return DatabaseUnavailable(
+                error = DatabaseUnavailable(
                     f"Lost the GitLab database (PostgreSQL) at {where}: {str(ctx.original_exception).strip()}"
                 )
+                error.orig = ctx.original_exception
+                return error
             return None
 
         try:
             with self._engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-        except SQLAlchemyError as e:
+        except (SQLAlchemyError, DatabaseUnavailable) as e:
             self._engine.dispose()
             raise ServiceUnavailable(
                 f"Cannot reach the GitLab database (PostgreSQL) at {where}: "
