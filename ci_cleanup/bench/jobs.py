@@ -257,7 +257,8 @@ def artifacts_raw(engine, client, on_batch):
     sql = text(f"""
         WITH deleted AS (
           DELETE FROM ci_job_artifacts WHERE id = ANY(ARRAY(
-            SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND mod(project_id + job_id, 5) = :bucket LIMIT 100 FOR UPDATE SKIP LOCKED))
+            SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND mod(project_id + job_id, 5) = :bucket
+            ORDER BY expire_at, id LIMIT 100 FOR UPDATE SKIP LOCKED))
           RETURNING project_id, file_store, file_final_path, expire_at),
         recorded AS (
           INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)

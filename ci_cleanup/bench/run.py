@@ -186,7 +186,8 @@ Written by `ci-cleanup bench` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {small_rows:,} then {big_rows:,} rows; runner machines,
   export jobs and environments a tenth of that (GitLab.com's mix, `ci_cleanup/bench/seed.py`).
 - Work: {work:,} candidates per job and per way of doing it ({max(1000, work // 10):,} for the per-row loop);
-  peak memory at 1,000 and {memory_candidates:,} candidates (Python heap by tracemalloc, in a subprocess).
+  peak memory at 1,000 and {memory_candidates:,} candidates (Python heap by tracemalloc, in a subprocess,
+  cyclic garbage collected after each batch).
 - "raw SQL": a hand-written loop of one set-based statement per batch of the same size; "per-row": read
   each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!` style).
 - "idle run": the Dagster job executed in process on the big tables with nothing to do.
