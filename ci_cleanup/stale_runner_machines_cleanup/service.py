@@ -84,9 +84,15 @@ def stale_ids_query(schema: GitLabSchema, deadline: dt.datetime, limit: int) -> 
 
 
 def delete_sub_batch_statement(schema: GitLabSchema, deadline: dt.datetime, limit: int):
-    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) RETURNING id``: the ids are found first, then deleted by primary key."""
+    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) AND stale RETURNING id``: the ids are found first, then deleted by primary key.
+
+    The stale condition is repeated on the DELETE itself: a runner that checks in (``contacted_at``
+    moves to now) after the ids were read is re-checked by PostgreSQL when its row is locked, and kept.
+    The ids alone would be re-checked against the array read before, and the live runner deleted.
+    """
     m = schema.ci_runner_machines
-    return delete(m).where(m.c.id == any_(func.array(stale_ids_query(schema, deadline, limit).scalar_subquery()))).returning(m.c.id)
+    stale_ids = func.array(stale_ids_query(schema, deadline, limit).scalar_subquery())
+    return delete(m).where(m.c.id == any_(stale_ids), stale(schema, deadline)).returning(m.c.id)
 
 
 def delete_stale_runner_managers(
