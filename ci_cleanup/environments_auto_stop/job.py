@@ -12,7 +12,9 @@ from pydantic import Field
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, run_lease, track_exception
+from ..runs import (
+    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease, track_exception,
+)
 from . import service
 
 LEASE_KEY = "environments:auto_stop:lock"  # AutoStopService::EXCLUSIVE_LOCK_KEY
@@ -139,7 +141,8 @@ def report_auto_stop(
         run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS).cancel()
     ran = plan.status == "run"
     counts = result.counts if ran else {o: 0 for o in result.counts}
-    context.add_output_metadata(
+    report_run(
+        context,
         {
             "status": "success" if ran else plan.status,
             ROWS_CHANGED: result.rows_changed if ran else 0,
@@ -164,7 +167,8 @@ def report_auto_stop(
 @job(
     description="Seed 003: stop environments whose auto-stop time has passed (Environments::AutoStopCronWorker)",
     hooks={release_lease_on_failure(LEASE_KEY, LEASE_TTL_SECONDS)},
-    tags={"ci_cleanup/job": "environments_auto_stop", "ci_cleanup/seed": "003"},
+    # A run longer than the lease's TTL is failed by run monitoring (the seed's 50-minute alert).
+    tags={"ci_cleanup/job": "environments_auto_stop", "ci_cleanup/seed": "003", "dagster/max_runtime": str(LEASE_TTL_SECONDS)},
 )
 def environments_auto_stop():
     plan = find_auto_stoppable_environments()

@@ -1,0 +1,66 @@
+"""What every job offers an operator: a dry run that writes nothing, and its headline number on the run."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import DagsterInstance
+from sqlalchemy import text
+
+from ci_cleanup.demo import seed
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop.job import environments_auto_stop
+from ci_cleanup.gitlab.schema import gitlab_schema
+from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
+from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+
+from .runner import run_job
+
+JOBS = [
+    drop_canceling_builds, stale_runner_machines_cleanup, stuck_export_jobs, environments_auto_stop,
+    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files,
+]
+
+
+def snapshot(engine, redis_client) -> dict:
+    """Every GitLab table's rows and every Redis key with its value and TTL."""
+    state = {}
+    with engine.connect() as conn:
+        for table in gitlab_schema().metadata.sorted_tables:
+            state[table.name] = conn.execute(text(f'SELECT md5(coalesce(string_agg(t::text, \',\' ORDER BY t.id), \'\')) FROM "{table.name}" t')).scalar()
+    for key in redis_client.keys("*"):
+        kind = redis_client.type(key)
+        value = {b"string": redis_client.get, b"set": lambda k: sorted(redis_client.smembers(k)),
+                 b"zset": lambda k: redis_client.zrange(k, 0, -1, withscores=True)}[kind](key)
+        state[key] = (value, redis_client.ttl(key) >= 0)  # whether it expires; the seconds left drift
+    return state
+
+
+@pytest.mark.parametrize("job", JOBS, ids=lambda j: j.name)
+def test_dry_run_writes_nothing_and_is_tagged(stack, engine, redis_client, job):
+    seed(engine, redis_client)
+    before = snapshot(engine, redis_client)
+    instance = DagsterInstance.ephemeral()
+
+    result = run_job(job, stack, dry_run=True, instance=instance)
+
+    assert snapshot(engine, redis_client) == before
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert (tags[DRY_RUN_TAG], tags[ROWS_CHANGED_TAG]) == ("true", "0")
+
+
+@pytest.mark.parametrize("job", JOBS[:5], ids=lambda j: j.name)
+def test_a_run_carries_its_rows_changed_as_a_tag(stack, engine, redis_client, job):
+    seed(engine, redis_client)
+    instance = DagsterInstance.ephemeral()
+
+    result = run_job(job, stack, instance=instance)
+
+    reported = [
+        e.step_output_data.metadata[ROWS_CHANGED].value for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT" and ROWS_CHANGED in e.step_output_data.metadata
+    ]
+    assert len(reported) == 1 and reported[0] > 0
+    assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == str(reported[0])
+    assert DRY_RUN_TAG not in instance.get_run_by_id(result.run_id).tags
