@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from .gitlab.exclusive_lease import ExclusiveLease
+from .metrics import push_run_metrics
 
 DRY_RUN_TAG = "ci_cleanup/dry_run"
 ROWS_CHANGED = "rows_changed"  # every job reports how many rows it changed under this key
@@ -57,6 +58,8 @@ def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags
     """The run's totals: output metadata of the last op, and the headline number as a run tag."""
     context.add_output_metadata(dict(metadata))
     context.instance.add_run_tags(context.run_id, {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})})
+    counters = {k: v for k, v in metadata.items() if isinstance(v, int) and not isinstance(v, bool)}
+    push_run_metrics(context.job_name, counters)
 
 
 def track_exception(context: OpExecutionContext, error: BaseException, **details) -> None:

@@ -107,3 +107,33 @@ def test_deletion_cap_reached_run_after_run_is_a_backlog_alert(stack, engine, re
 
     assert webhook[0]["alert"] == "max_deletions_backlog" and webhook[0]["job"] == "stale_runner_machines_cleanup"
     assert instance.get_run_by_id(result.run_id).tags["ci_cleanup/rows_changed"] == "2"
+
+
+def test_run_counters_are_pushed_to_a_pushgateway(stack, engine, redis_client, monkeypatch):
+    """A local receiver stands in for the Pushgateway: counters arrive in Prometheus text format."""
+    import http.server
+
+    pushed = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            pushed.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode()))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("CI_CLEANUP_PUSHGATEWAY_URL", f"http://127.0.0.1:{server.server_port}")
+    from .factories import create, naive_ago
+
+    create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    try:
+        run_job(drop_canceling_builds, stack)
+    finally:
+        server.shutdown()
+
+    assert [path for path, _ in pushed] == ["/metrics/job/ci_cleanup/dagster_job/drop_canceling_builds"]
+    assert "ci_cleanup_rows_changed 1\n" in pushed[0][1] and "ci_cleanup_dropped_count 1\n" in pushed[0][1]
