@@ -35,6 +35,7 @@ WORK = {
     "stuck_export_jobs": "SELECT md5(string_agg(status || '-' || id, ',' ORDER BY id)) FROM project_export_jobs",
     "environments_auto_stop": "SELECT md5(string_agg(state || id, ',' ORDER BY id)) FROM environments",
     "schedule_bulk_delete_job_artifacts": "SELECT count(*) FROM ci_job_artifacts",
+    "delete_expired_artifact_files": "SELECT count(*) FROM ci_deleted_objects",
 }
 
 
@@ -70,7 +71,10 @@ def test_dagster_job_execute_works_with_only_the_two_env_vars(stack, engine, red
 
     done = subprocess.run(
         [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", job_name],
-        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url),
+        env=clean_env(
+            CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+            CI_CLEANUP_ARTIFACTS_ROOT=str(tmp_path),  # read by delete_expired_artifact_files only
+        ),
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
 
