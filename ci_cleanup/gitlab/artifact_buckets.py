@@ -47,6 +47,30 @@ return bucket
 """
 
 
+class MalformedBuckets(RuntimeError):
+    """A bucket key holds something GitLab never writes there: the run stops, leaving the keys as they are."""
+
+
+def check_keys(client: redis.Redis) -> None:
+    """Refuse bucket keys that are not a SET and a ZSET of bucket numbers, naming the key and what is wrong.
+
+    Nothing is repaired: the keys are shared with a live GitLab, which may know better.
+    """
+    problems = []
+    for key, expected in ((AVAILABLE_KEY, "set"), (OCCUPIED_KEY, "zset")):
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind not in ("none", expected):
+            problems.append(f"{key} is a {kind}, expected a {expected}")
+            continue
+        members = client.smembers(key) if expected == "set" else client.zrange(key, 0, -1)
+        bad = sorted(m.decode(errors="replace") for m in members if not m.isdigit())
+        if bad:
+            problems.append(f"{key} has members that are not bucket numbers: {bad[:5]}")
+    if problems:
+        raise MalformedBuckets("Malformed bucket keys in Redis, left as they are: " + "; ".join(problems))
+
+
 @dataclass(frozen=True)
 class BucketState:
     available: frozenset[int]
@@ -92,6 +116,7 @@ def missing_buckets(state: BucketState, max_buckets: int) -> set[int]:
 
 def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> ScheduledBuckets:
     """The scheduler's bucket upkeep: stale ones recovered, then missing ones added."""
+    check_keys(client)
     stale_count = recover_stale(client, now)
     state = read_state(client)
     missing = missing_buckets(state, max_buckets)
@@ -109,6 +134,7 @@ def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> Schedul
 
 def preview_schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> ScheduledBuckets:
     """What :func:`schedule` would do, read only (dry run)."""
+    check_keys(client)
     state = read_state(client)
     cutoff = stale_cutoff(now)
     stale = {b for b, score in state.occupied.items() if score <= cutoff}

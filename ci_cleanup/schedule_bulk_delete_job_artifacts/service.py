@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, select
+from sqlalchemy import ColumnElement, Select, and_, or_, delete, func, insert, select
 from sqlalchemy.engine import Connection, Engine, Row
 
 from ..gitlab import artifact_buckets
@@ -62,6 +62,9 @@ def expired_in_bucket(schema: GitLabSchema, now: dt.datetime, max_buckets: int, 
         a.c.file_type != ARTIFACT_TRACE,
         a.c.locked == ARTIFACT_UNLOCKED,
         func.mod(a.c.project_id + a.c.job_id, max_buckets) == bucket,
+        # A stored file's location needs created_at (GitLab's hashed path) unless file_final_path names it:
+        # such a row is left for an admin rather than deleted with its file orphaned (GitLab raises on it).
+        or_(a.c.file.is_(None), a.c.file_final_path.is_not(None), a.c.created_at.is_not(None)),
     )
 
 
