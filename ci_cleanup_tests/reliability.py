@@ -1,0 +1,838 @@
+"""Fault and concurrency harness for the five batch jobs (issue 9): datasets, state checks, runs in other processes.
+
+Each :class:`Scenario` knows, for one job, how to seed thousands of candidates in a few statements
+(``generate_series``), and how to tell, per candidate, whether it is *untouched* (exactly as seeded,
+with its related rows) or *done* (fully processed, with every related row the seed says changes
+with it). Anything else is a violation: a half-processed row. Keepers (rows the job must never
+touch) are compared with their seeded state.
+
+Runs happen in other processes: the ``dagster`` CLI, or a forked copy of the test process calling
+``execute_in_process`` (fast: nothing to import), which can be SIGKILLed at any moment.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
+from sqlalchemy import bindparam, create_engine, text
+from sqlalchemy.engine import Connection, Engine
+
+from ci_cleanup.drop_canceling_builds import job as drop_job
+from ci_cleanup.environments_auto_stop import job as env_job
+from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
+from ci_cleanup.gitlab.exclusive_lease import PREFIX as LEASE_PREFIX
+from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, utc_now
+from ci_cleanup.schedule_bulk_delete_job_artifacts import job as artifacts_job
+from ci_cleanup.stale_runner_machines_cleanup import job as stale_job
+from ci_cleanup.stuck_export_jobs import job as export_job
+
+from .runner import run_job
+
+BIN = Path(sys.executable).parent
+FORK = multiprocessing.get_context("fork")
+KEEPERS = 20  # rows of each kind the job must leave alone
+
+# --------------------------------------------------------------------------- audit: every write, per row
+
+AUDIT_TABLES = ("ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "ci_job_artifacts")
+AUDIT_DDL = """
+CREATE TABLE IF NOT EXISTS reliability_audit (
+  id bigserial PRIMARY KEY, tbl text NOT NULL, row_id bigint NOT NULL, op text NOT NULL,
+  old_state text, new_state text, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION reliability_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    INSERT INTO reliability_audit (tbl, row_id, op, old_state)
+    VALUES (TG_TABLE_NAME, OLD.id, TG_OP, coalesce(to_jsonb(OLD)->>'status', to_jsonb(OLD)->>'state'));
+    RETURN OLD;
+  END IF;
+  INSERT INTO reliability_audit (tbl, row_id, op, old_state, new_state)
+  VALUES (TG_TABLE_NAME, NEW.id, TG_OP, coalesce(to_jsonb(OLD)->>'status', to_jsonb(OLD)->>'state'),
+          coalesce(to_jsonb(NEW)->>'status', to_jsonb(NEW)->>'state'));
+  RETURN NEW;
+END $$;
+"""
+
+
+def install_audit(engine: Engine) -> None:
+    """A row trigger on each table a job writes: the audit counts how often each row was changed."""
+    with engine.begin() as conn:
+        conn.execute(text(AUDIT_DDL))
+        for table in AUDIT_TABLES:
+            conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
+            conn.execute(text(
+                f'CREATE TRIGGER reliability_audit AFTER UPDATE OR DELETE ON "{table}" '
+                "FOR EACH ROW EXECUTE FUNCTION reliability_audit_row()"
+            ))
+
+
+def remove_audit(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for table in AUDIT_TABLES:
+            conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
+        conn.execute(text("DROP TABLE IF EXISTS reliability_audit"))
+        conn.execute(text("DROP FUNCTION IF EXISTS reliability_audit_row()"))
+
+
+def changed_more_than_once(conn: Connection) -> list[tuple]:
+    return conn.execute(text(
+        "SELECT tbl, row_id, count(*), string_agg(op || ':' || coalesce(old_state, '') || '>' || coalesce(new_state, ''), ' ' ORDER BY id) "
+        "FROM reliability_audit GROUP BY tbl, row_id HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
+    )).all()
+
+
+def audited_rows(conn: Connection) -> int:
+    return conn.scalar(text("SELECT count(*) FROM reliability_audit"))
+
+
+# --------------------------------------------------------------------------- the five jobs
+
+def _ids(conn: Connection, sql: str, **params) -> list[int]:
+    return list(conn.scalars(text(sql), params))
+
+
+def _rows(conn: Connection, table: str, ids: list[int]) -> dict[int, tuple]:
+    query = text(f'SELECT * FROM "{table}" WHERE id IN :ids ORDER BY id').bindparams(bindparam("ids", expanding=True))
+    return {r.id: tuple(r) for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+@dataclass
+class Seeded:
+    candidates: list[int]
+    snapshot: dict[int, tuple]  # candidates as seeded
+    keepers: dict[str, dict[int, tuple]]  # table -> id -> row
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    done: set[int] = field(default_factory=set)
+    untouched: set[int] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+
+
+class Scenario:
+    name: str
+    job: Any
+    report_op: str
+    table: str
+    module: Any = None  # the job module holding LEASE_KEY / LEASE_TTL_SECONDS, for leased jobs
+    keeper_tables: tuple[str, ...] = ()
+
+    @property
+    def lease(self) -> str | None:
+        return LEASE_PREFIX + self.module.LEASE_KEY if self.module is not None else None
+
+    def run_config(self, batch: int) -> dict:
+        raise NotImplementedError
+
+    def seed(self, conn: Connection, client, n: int) -> None:
+        raise NotImplementedError
+
+    def keeper_ids(self, conn: Connection, n: int) -> dict[str, list[int]]:
+        raise NotImplementedError
+
+    def classify(self, conn: Connection, client, seeded: Seeded, ids: list[int]) -> State:
+        raise NotImplementedError
+
+    def done_count(self, metadata: dict) -> int:
+        return metadata["rows_changed"]
+
+    # A concurrent writer: change some candidates as GitLab would; returns id -> the values written.
+    def write(self, conn: Connection, ids: list[int], rng: random.Random) -> dict[int, tuple]:
+        raise NotImplementedError
+
+    def read_written(self, conn: Connection, ids: list[int]) -> dict[int, tuple]:
+        raise NotImplementedError
+
+    def reset_and_seed(self, engine: Engine, client, n: int) -> Seeded:
+        reset(engine, client)
+        return self.seed_and_snapshot(engine, client, n)
+
+    def seed_and_snapshot(self, engine: Engine, client, n: int) -> Seeded:
+        """Seed next to whatever the other scenarios seeded: each job's rows are apart from the others'."""
+        with engine.begin() as conn:
+            self.seed(conn, client, n)
+        with engine.connect() as conn:
+            candidates = list(range(1, n + 1))
+            keepers = {t: _rows(conn, t, ids) for t, ids in self.keeper_ids(conn, n).items()}
+            return Seeded(candidates, _rows(conn, self.table, candidates), keepers)
+
+    def check(self, engine: Engine, client, seeded: Seeded, exclude: set[int] = frozenset()) -> State:
+        """Every candidate untouched or done; every keeper as seeded."""
+        with engine.connect() as conn:
+            state = self.classify(conn, client, seeded, [i for i in seeded.candidates if i not in exclude])
+            for table, rows in seeded.keepers.items():
+                now = _rows(conn, table, list(rows))
+                for row_id, before in rows.items():
+                    if now.get(row_id) != before:
+                        state.violations.append(f"{table} keeper {row_id} changed: {before} -> {now.get(row_id)}")
+        return state
+
+
+def reset(engine: Engine, client) -> None:
+    names = ", ".join(f'"{t.name}"' for t in gitlab_schema().metadata.sorted_tables)
+    client.flushdb()  # this Redis db only: other series use others
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names}, reliability_audit RESTART IDENTITY"))
+
+
+def _sort(state: State, row_id: int, is_done: bool, is_untouched: bool, what: Any) -> None:
+    if is_done:
+        state.done.add(row_id)
+    elif is_untouched:
+        state.untouched.add(row_id)
+    else:
+        state.violations.append(f"row {row_id} half processed: {what}")
+
+
+class DropCancelingBuilds(Scenario):
+    """Seed 000: a build is canceling (lock_version 0, in both queues) or failed/3 with lock_version 1, finished, out of both."""
+
+    name, job, report_op, table, module = (
+        "drop_canceling_builds", drop_job.drop_canceling_builds, "report_dropped_builds", "ci_builds", drop_job,
+    )
+
+    def run_config(self, batch: int) -> dict:
+        return {"ops": {"find_canceling_builds": {"config": {"batch_size": batch}}}}
+
+    def seed(self, conn, client, n):
+        old, recent = naive_utc(utc_now() - dt.timedelta(hours=2)), naive_utc(utc_now() - dt.timedelta(minutes=5))
+        insert = (
+            "INSERT INTO ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at, runner_id) "
+            "SELECT 100, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), :updated, 7 "
+            "FROM generate_series(1, :n) g"
+        )
+        conn.execute(text(insert), dict(status="canceling", created=old, updated=old, n=n))
+        queued = "SELECT id, project_id FROM ci_builds WHERE id <= :n AND name = 'rspec'"
+        conn.execute(text(f"INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type) SELECT id, project_id, 7, 1 FROM ({queued}) b"), dict(n=n))
+        conn.execute(text(f"INSERT INTO ci_pending_builds (build_id, project_id) {queued}"), dict(n=n))
+        conn.execute(text(insert), dict(status="canceling", created=old, updated=recent, n=KEEPERS))  # updated recently
+        conn.execute(text(insert), dict(status="running", created=old, updated=old, n=KEEPERS))
+
+    def keeper_ids(self, conn, n):
+        return {"ci_builds": list(range(n + 1, n + 2 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        query = text(
+            "SELECT b.id, b.status, b.lock_version, b.failure_reason, b.finished_at IS NOT NULL AS finished, "
+            "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = b.id) AS pending, "
+            "EXISTS (SELECT 1 FROM ci_running_builds r WHERE r.build_id = b.id) AS running "
+            "FROM ci_builds b WHERE b.id IN :ids"
+        ).bindparams(bindparam("ids", expanding=True))
+        state = State()
+        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        builds = _rows(conn, "ci_builds", ids)
+        for build_id in ids:
+            what = rows.get(build_id)
+            untouched = what == ("canceling", 0, None, False, True, True) and builds[build_id] == seeded.snapshot[build_id]
+            _sort(state, build_id, what == ("failed", 1, 3, True, False, False), untouched, what)
+        return state
+
+    def write(self, conn, ids, rng):
+        # A user cancels the build (canceled), or the runner reports on it (touched: no longer outdated).
+        now = naive_utc(utc_now())
+        if rng.random() < 0.5:
+            sql = "UPDATE ci_builds SET status = 'canceled', finished_at = :now, updated_at = :now, lock_version = lock_version + 1"
+        else:
+            sql = "UPDATE ci_builds SET updated_at = :now, lock_version = lock_version + 1"
+        query = text(sql + " WHERE id IN :ids AND status = 'canceling' RETURNING id, status, lock_version, updated_at").bindparams(
+            bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": now, "ids": ids})}
+
+    def read_written(self, conn, ids):
+        query = text("SELECT id, status, lock_version, updated_at FROM ci_builds WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+class StaleRunnerMachines(Scenario):
+    """Seed 001: a stale machine is there as seeded, or gone; sub-batches are whole."""
+
+    name, job, report_op, table = (
+        "stale_runner_machines_cleanup", stale_job.stale_runner_machines_cleanup, "report_stale_runner_machines_cleanup", "ci_runner_machines",
+    )
+
+    def run_config(self, batch: int) -> dict:
+        return {"ops": {"find_stale_runner_machines": {"config": {"sub_batch_size": batch, "max_deletions": batch * 1000}}}}
+
+    def seed(self, conn, client, n):
+        now = utc_now()
+        insert = (
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at) "
+            "SELECT g, 'm' || g, 1, :created, :created, CASE WHEN g % 3 = 0 THEN NULL ELSE :contacted - make_interval(secs => g) END "
+            "FROM generate_series(1, :n) g"
+        )
+        month, week = now - dt.timedelta(days=30), now - dt.timedelta(days=8)
+        conn.execute(text(insert), dict(created=month, contacted=week, n=n))
+        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN false")), dict(created=month, contacted=now - dt.timedelta(hours=1) + dt.timedelta(seconds=KEEPERS), n=KEEPERS))
+        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN true")), dict(created=now - dt.timedelta(days=1), contacted=week, n=KEEPERS))
+
+    def keeper_ids(self, conn, n):
+        return {"ci_runner_machines": list(range(n + 1, n + 2 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        rows = _rows(conn, "ci_runner_machines", ids)
+        state = State()
+        for machine_id in ids:
+            _sort(state, machine_id, machine_id not in rows, rows.get(machine_id) == seeded.snapshot[machine_id], rows.get(machine_id))
+        return state
+
+    def done_count(self, metadata):
+        return metadata["total_deleted"]
+
+    def write(self, conn, ids, rng):
+        # The runner checks in (Ci::RunnerManager#heartbeat): contacted_at moves to now.
+        query = text("UPDATE ci_runner_machines SET contacted_at = :now, updated_at = :now WHERE id IN :ids RETURNING id, contacted_at").bindparams(
+            bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+
+    def read_written(self, conn, ids):
+        query = text("SELECT id, contacted_at FROM ci_runner_machines WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+class StuckExportJobs(Scenario):
+    """Seed 002: an export job whose Sidekiq job is gone is still queued/started as seeded, or failed (3)."""
+
+    name, job, report_op, table = ("stuck_export_jobs", export_job.stuck_export_jobs, "report_stuck_export_jobs", "project_export_jobs")
+
+    def run_config(self, batch: int) -> dict:
+        return {"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": batch}}}}
+
+    def seed(self, conn, client, n):
+        day = utc_now() - dt.timedelta(days=1)
+        insert = (
+            "INSERT INTO project_export_jobs (project_id, status, jid, created_at, updated_at) "
+            "SELECT g, :status, :prefix || g, :day, :day FROM generate_series(1, :n) g"
+        )
+        conn.execute(text(insert.replace(":status", "g % 2")), dict(prefix="gone-", day=day, n=n))
+        conn.execute(text(insert), dict(status=1, prefix="running-", day=day, n=KEEPERS))  # Sidekiq still has it
+        conn.execute(text(insert), dict(status=2, prefix="finished-", day=day, n=KEEPERS))
+        client.mset({sidekiq_status.status_key(f"running-{g}"): "1" for g in range(1, KEEPERS + 1)})
+
+    def keeper_ids(self, conn, n):
+        return {"project_export_jobs": list(range(n + 1, n + 2 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        rows = _rows(conn, "project_export_jobs", ids)
+        state = State()
+        for job_id in ids:
+            now, before = rows.get(job_id), seeded.snapshot[job_id]
+            # (id, project_id, status, jid, user_id, created_at, updated_at)
+            failed = now is not None and now[2] == 3 and now[:2] + now[3:6] == before[:2] + before[3:6] and now[6] > before[6]
+            _sort(state, job_id, failed, now == before, now)
+        return state
+
+    def done_count(self, metadata):
+        return metadata["failed_jobs_count"]
+
+    def write(self, conn, ids, rng):
+        # The export finishes (ProjectExportJob#finish!).
+        query = text("UPDATE project_export_jobs SET status = 2, updated_at = :now WHERE id IN :ids AND status IN (0, 1) RETURNING id, status, updated_at").bindparams(
+            bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+
+    def read_written(self, conn, ids):
+        query = text("SELECT id, status, updated_at FROM project_export_jobs WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+DEPLOYABLE, STOP_ACTION = 1_000_000, 2_000_000  # build ids: environment id + offset
+
+
+class EnvironmentsAutoStop(Scenario):
+    """Seed 003: odd environments have a stop action (stopping + action pending together), even ones stop plainly."""
+
+    name, job, report_op, table, module = (
+        "environments_auto_stop", env_job.environments_auto_stop, "report_auto_stop", "environments", env_job,
+    )
+
+    def run_config(self, batch: int) -> dict:
+        return {"ops": {"find_auto_stoppable_environments": {"config": {"batch_size": batch}}}}
+
+    def seed(self, conn, client, n):
+        now = utc_now()
+        naive = naive_utc(now - dt.timedelta(days=3))
+        env = (
+            "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at) "
+            "SELECT g, 1, 'review/' || g, 'review-' || g, :state, :stop_at, :setting, :naive, :naive FROM generate_series(:a, :b) g"
+        )
+        due = now - dt.timedelta(hours=1)
+        conn.execute(text(env), dict(state="available", stop_at=due, setting=0, naive=naive, a=1, b=n))
+        conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive, a=n + 1, b=n + KEEPERS))
+        conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive, a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
+        build = (
+            "INSERT INTO ci_builds (id, partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
+            "SELECT :offset + g, 100, 1, 10000 + g, :name, 'Ci::Build', :status, 0, :naive, :naive FROM generate_series(1, :n) g WHERE g % 2 = 1"
+        )
+        conn.execute(text(build), dict(offset=DEPLOYABLE, name="deploy", status="success", naive=naive, n=n))
+        conn.execute(text(build), dict(offset=STOP_ACTION, name="stop_review", status="manual", naive=naive, n=n))
+        conn.execute(text(
+            "INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_type, deployable_id, on_stop, created_at, updated_at) "
+            "SELECT g, 1, g, 'main', repeat('a', 40), 2, 'CommitStatus', :offset + g, 'stop_review', :at, :at "
+            "FROM generate_series(1, :n) g WHERE g % 2 = 1"
+        ), dict(offset=DEPLOYABLE, at=now - dt.timedelta(days=3), n=n))
+
+    def keeper_ids(self, conn, n):
+        return {"environments": list(range(n + 1, n + 2 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        query = text(
+            "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, s.queued_at IS NOT NULL AS queued, "
+            "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending "
+            "FROM environments e LEFT JOIN ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+        ).bindparams(bindparam("ids", expanding=True))
+        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION})}
+        envs = _rows(conn, "environments", ids)
+        state = State()
+        for env_id in ids:
+            what = rows.get(env_id)
+            if env_id % 2:
+                done = what == ("stopping", False, "pending", 1, True, True)
+                untouched = what == ("available", False, "manual", 0, False, False)
+            else:
+                done = what == ("stopped", True, None, None, False, False)
+                untouched = what == ("available", False, None, None, False, False)
+            _sort(state, env_id, done, untouched and envs[env_id] == seeded.snapshot[env_id], what)
+        return state
+
+    def done_count(self, metadata):
+        return metadata["stopped_count"] + metadata["stopping_count"]
+
+    def write(self, conn, ids, rng):
+        # A new deployment starts the environment again: auto_stop_at moves a day ahead.
+        query = text(
+            "UPDATE environments SET auto_stop_at = :later, updated_at = :naive WHERE id IN :ids AND state = 'available' "
+            "RETURNING id, state, auto_stop_at"
+        ).bindparams(bindparam("ids", expanding=True))
+        now = utc_now()
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"later": now + dt.timedelta(days=1), "naive": naive_utc(now), "ids": ids})}
+
+    def read_written(self, conn, ids):
+        # The environment as written, and its stop action never played.
+        query = text(
+            "SELECT e.id, e.state, e.auto_stop_at, s.status, s.lock_version FROM environments e "
+            "LEFT JOIN ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+        ).bindparams(bindparam("ids", expanding=True))
+        found = {}
+        for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION}):
+            if r.id % 2 and (r.status, r.lock_version) != ("manual", 0):
+                found[r.id] = (r.state, r.auto_stop_at, f"stop action {r.status}/{r.lock_version}")
+            else:
+                found[r.id] = (r.state, r.auto_stop_at)
+        return found
+
+
+class BulkDeleteJobArtifacts(Scenario):
+    """Seed 004: an expired artifact is there as seeded with no ci_deleted_objects row, or gone with exactly one."""
+
+    name, job, report_op, table = (
+        "schedule_bulk_delete_job_artifacts", artifacts_job.schedule_bulk_delete_job_artifacts, "report_bulk_delete", "ci_job_artifacts",
+    )
+
+    def run_config(self, batch: int) -> dict:
+        return {"ops": {"schedule_buckets": {"config": {"batch_size": batch}}}}
+
+    def seed(self, conn, client, n):
+        now = utc_now()
+        conn.execute(text("INSERT INTO feature_gates (feature_key, key, value) VALUES ('bulk_delete_job_artifacts', 'boolean', 'true')"))
+        insert = (
+            "INSERT INTO ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, locked, expire_at, created_at, updated_at) "
+            "SELECT 100, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, :created FROM generate_series(1, :n) g"
+        )
+        expired, week = now - dt.timedelta(days=2), now - dt.timedelta(days=7)
+        conn.execute(text(insert), dict(job=0, file_type=1, locked=0, expire_at=expired, created=week, n=n))
+        conn.execute(text(insert), dict(job=n, file_type=1, locked=1, expire_at=expired, created=week, n=KEEPERS))
+        conn.execute(text(insert), dict(job=n + KEEPERS, file_type=3, locked=0, expire_at=expired, created=week, n=KEEPERS))  # trace
+        conn.execute(text(insert), dict(job=n + 2 * KEEPERS, file_type=1, locked=0, expire_at=now + dt.timedelta(days=1), created=week, n=KEEPERS))
+
+    def keeper_ids(self, conn, n):
+        return {"ci_job_artifacts": list(range(n + 1, n + 3 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        rows = _rows(conn, "ci_job_artifacts", ids)
+        # store_dir ends in <job_id>/<artifact id> (JobArtifactUploader#hashed_path)
+        objects = dict(conn.execute(text(
+            "SELECT regexp_replace(store_dir, '^.*/', '')::bigint, count(*) FROM ci_deleted_objects GROUP BY 1"
+        )).all())
+        state = State()
+        for artifact_id in ids:
+            present = rows.get(artifact_id)
+            _sort(state, artifact_id, present is None and objects.get(artifact_id) == 1,
+                  present == seeded.snapshot[artifact_id] and artifact_id not in objects,
+                  (present, objects.get(artifact_id)))
+        for artifact_id in set(objects) - set(seeded.candidates):
+            state.violations.append(f"ci_deleted_objects row for artifact {artifact_id}, not a candidate")
+        available, occupied = artifact_buckets.read_state(client).available, artifact_buckets.read_state(client).occupied
+        if available & set(occupied):
+            state.violations.append(f"buckets both available and occupied: {available & set(occupied)}")
+        return state
+
+    def done_count(self, metadata):
+        return metadata["destroyed_job_artifacts_count"]
+
+    def write(self, conn, ids, rng):
+        # The pipeline's artifacts get locked (Ci::UnlockArtifactsService's opposite: a ref keeps them).
+        query = text("UPDATE ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids RETURNING id, locked, updated_at").bindparams(
+            bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+
+    def read_written(self, conn, ids):
+        query = text("SELECT id, locked, updated_at FROM ci_job_artifacts WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+SCENARIOS = {s.name: s for s in (DropCancelingBuilds(), StaleRunnerMachines(), StuckExportJobs(), EnvironmentsAutoStop(), BulkDeleteJobArtifacts())}
+
+
+# --------------------------------------------------------------------------- runs in other processes
+
+def plain(metadata: dict) -> dict:
+    """Metadata values that survive a pipe and JSON: numbers, strings, lists of them."""
+    return {k: v for k, v in metadata.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+
+
+def _report(result, op_name: str) -> dict:
+    for event in result.events_for_node(op_name):
+        if event.event_type_value == "STEP_OUTPUT":
+            return plain({k: v.value for k, v in event.step_output_data.metadata.items()})
+    return {}
+
+
+def _child_run(send, scenario: Scenario, stack, run_config: dict, lease_ttl: int | None, barrier, parent_engines):
+    for engine in parent_engines:
+        engine.dispose(close=False)  # the parent's pooled connections are not ours to use or close
+    if lease_ttl is not None:
+        scenario.module.LEASE_TTL_SECONDS = lease_ttl
+    if barrier is not None:
+        barrier.wait()
+    try:
+        result = run_job(scenario.job, stack, run_config=run_config, raise_on_error=False)
+        send.send({"run_id": result.run_id, "success": result.success, "metadata": _report(result, scenario.report_op)})
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the test
+        send.send({"run_id": None, "success": False, "metadata": {}, "error": repr(e)})
+
+
+@dataclass
+class ForkedRun:
+    process: Any
+    receive: Any
+
+    def result(self, timeout: float = 180) -> dict:
+        if not self.receive.poll(timeout):
+            self.process.kill()
+            raise AssertionError(f"forked run gave no result in {timeout} s")
+        found = self.receive.recv()
+        self.process.join(30)
+        return found
+
+
+def fork_run(scenario: Scenario, stack, run_config: dict, parent_engines, *, lease_ttl: int | None = None, barrier=None) -> ForkedRun:
+    receive, send = FORK.Pipe(duplex=False)
+    process = FORK.Process(target=_child_run, args=(send, scenario, stack, run_config, lease_ttl, barrier, parent_engines), daemon=True)
+    process.start()
+    send.close()
+    return ForkedRun(process, receive)
+
+
+def clean_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CI_CLEANUP_", "DAGSTER_"))}
+    return {**env, **extra}
+
+
+@dataclass
+class CliRun:
+    home: Path
+    process: subprocess.Popen
+    log: Path
+
+    def result(self, report_op: str, timeout: float = 240) -> dict:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"dagster job execute did not finish in {timeout} s") from None
+        instance = DagsterInstance.from_config(str(self.home))
+        try:
+            runs = instance.get_runs()
+            assert len(runs) == 1, (runs, self.log.read_text()[-3000:])
+            run = runs[0]
+            metadata = {}
+            for record in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_OUTPUT):
+                if record.step_key == report_op:
+                    metadata = plain({k: v.value for k, v in record.dagster_event.step_output_data.metadata.items()})
+            return {"run_id": run.run_id, "success": run.status == DagsterRunStatus.SUCCESS and self.process.returncode == 0,
+                    "metadata": metadata, "log": self.log.read_text()[-3000:]}
+        finally:
+            instance.dispose()
+
+
+def start_cli(scenario: Scenario, stack, home: Path, run_config: dict) -> CliRun:
+    """``dagster job execute`` in its own process and its own DAGSTER_HOME (sqlite storage, read back afterwards)."""
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    config = home / "run_config.yaml"
+    config.write_text(json.dumps(run_config))  # JSON is YAML
+    log = home / "run.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", scenario.name, "-c", str(config)],
+            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url, DAGSTER_HOME=str(home)),
+            stdout=out, stderr=subprocess.STDOUT, cwd=home,
+        )
+    return CliRun(home, process, log)
+
+
+class LeaseWatch(threading.Thread):
+    """Samples a lease key every 2 ms: the sequence of holders (run ids) it saw, None for free."""
+
+    def __init__(self, redis_url: str, key: str):
+        super().__init__(daemon=True)
+        import redis
+
+        self.client, self.key = redis.Redis.from_url(redis_url), key
+        self.holders: list[str | None] = []
+        self._stop_event = threading.Event()
+
+    def run(self):
+        last = object()
+        while not self._stop_event.is_set():
+            value = self.client.get(self.key)
+            value = value.decode() if value is not None else None
+            if value != last:
+                self.holders.append(value)
+                last = value
+            time.sleep(0.002)
+
+    def stop(self) -> list[str | None]:
+        self._stop_event.set()
+        self.join(5)
+        self.client.close()
+        return self.holders
+
+
+def client_backends(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.scalars(text(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+        )))
+
+
+def wait_for_backends_to_end(engine: Engine, keep: set[int], timeout: float = 10) -> None:
+    """A killed run's server sessions end (and roll back) once PostgreSQL notices the closed socket."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            mine = conn.scalar(text("SELECT pg_backend_pid()"))
+        left = client_backends(engine) - keep - {mine}
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"backends of a killed run still there after {timeout} s: {left}"
+        time.sleep(0.02)
+
+
+def _writer(send, stop, scenario: Scenario, url: str, candidates: list[int], seed: int, parent_engines) -> None:
+    for engine in parent_engines:
+        engine.dispose(close=False)
+    engine = create_engine(url)
+    rng = random.Random(seed)
+    order = list(candidates)
+    rng.shuffle(order)
+    written: dict[int, tuple] = {}
+    try:
+        while order and not stop.is_set():
+            picked = [order.pop() for _ in range(min(5, len(order)))]
+            with engine.begin() as conn:
+                written.update(scenario.write(conn, picked, rng))
+                time.sleep(0.03)  # hold the row locks: the job's statements wait on them and re-check
+            time.sleep(0.002)
+    finally:
+        engine.dispose()
+        send.send(written)
+
+
+def start_writer(scenario: Scenario, url: str, candidates: list[int], seed: int, parent_engines):
+    receive, send = FORK.Pipe(duplex=False)
+    stop = FORK.Event()
+    process = FORK.Process(target=_writer, args=(send, stop, scenario, url, candidates, seed, parent_engines), daemon=True)
+    process.start()
+    send.close()
+
+    def finish() -> dict[int, tuple]:
+        stop.set()
+        assert receive.poll(60), "the writer gave no result"
+        written = receive.recv()
+        process.join(10)
+        return written
+
+    return finish
+
+
+def age_occupied_buckets(client) -> list[int]:
+    """Ten minutes pass for every occupied bucket (its claim score moves past the stale threshold)."""
+    occupied = artifact_buckets.read_state(client).occupied
+    past = (utc_now() - artifact_buckets.STALE_AFTER - dt.timedelta(seconds=1)).timestamp()
+    if occupied:
+        client.zadd(artifact_buckets.OCCUPIED_KEY, {str(b): past for b in occupied}, xx=True)
+    return sorted(occupied)
+
+
+def wait_for_lease_to_expire(client, key: str, ttl: int) -> float:
+    """Returns how long the dead run's lease lived on; fails if it outlives its TTL."""
+    started = time.monotonic()
+    pttl = client.pttl(key)
+    assert pttl == -2 or 0 <= pttl <= ttl * 1000, f"lease {key} left with PTTL {pttl} ms (TTL {ttl} s): held forever?"
+    while client.exists(key):
+        assert time.monotonic() - started < ttl + 2, f"lease {key} still held {ttl + 2} s after the kill"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- SIGKILL trials, one series per job
+
+def execute(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, *, raise_on_error: bool = True):
+    from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+
+    return scenario.job.execute_in_process(
+        run_config=run_config,
+        resources={"gitlab_db": GitLabDatabase(url=db_url), "gitlab_redis": GitLabRedis(url=redis_url), "run_options": RunOptions()},
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=raise_on_error,
+    )
+
+
+def _killable_run(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, lease_ttl: int | None, send, parent_engines) -> None:
+    for engine in parent_engines:
+        engine.dispose(close=False)
+    if lease_ttl is not None:
+        scenario.module.LEASE_TTL_SECONDS = lease_ttl  # this process only: the dead run's lease must expire soon
+    result = execute(scenario, db_url, redis_url, run_config, raise_on_error=False)
+    send.send({"success": result.success, "metadata": _report(result, scenario.report_op)})
+
+
+@dataclass
+class CrashSettings:
+    n: int
+    batch: int
+    trials: int
+    kill_within: float
+    lease_ttl: int
+
+
+def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str) -> dict:
+    """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row, let the next run finish."""
+    import redis
+
+    engine, client = create_engine(db_url, pool_size=2), redis.Redis.from_url(redis_url)
+    rng = random.Random(seed)
+    config = scenario.run_config(settings.batch)
+    violations: list[str] = []
+    figures = dict(trials=settings.trials, killed_while_running=0, killed_mid_work=0, completed_before_kill=0,
+                   lease_left_by_dead_run_then_expired=0, longest_wait_for_lease_expiry_s=0.0,
+                   dead_workers_buckets_skipped_then_recovered=0, rows_checked=0, violations=0)
+    try:
+        for trial in range(settings.trials):
+            seeded = scenario.reset_and_seed(engine, client, settings.n)
+            keep = client_backends(engine)
+            receive, send = FORK.Pipe(duplex=False)
+            run = FORK.Process(target=_killable_run, args=(scenario, db_url, redis_url, config, settings.lease_ttl if scenario.lease else None, send, [engine]), daemon=True)
+            run.start()
+            send.close()
+            run.join(rng.uniform(0, settings.kill_within))
+            if run.is_alive():
+                run.kill()  # SIGKILL
+                run.join(10)
+                figures["killed_while_running"] += 1
+            else:
+                figures["completed_before_kill"] += 1
+                finished = receive.recv() if receive.poll(10) else {"success": False, "metadata": "no result"}
+                if not finished["success"]:
+                    violations.append(f"trial {trial}: the run finished before the kill but failed: {finished}")
+            receive.close()
+            wait_for_backends_to_end(engine, keep)
+
+            state = scenario.check(engine, client, seeded)
+            violations += [f"trial {trial} after the kill: {v}" for v in state.violations]
+            figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
+            figures["killed_mid_work"] += 0 < len(state.done) < settings.n
+            if scenario.lease and client.exists(scenario.lease):
+                waited = wait_for_lease_to_expire(client, scenario.lease, settings.lease_ttl)
+                figures["lease_left_by_dead_run_then_expired"] += 1
+                figures["longest_wait_for_lease_expiry_s"] = round(max(figures["longest_wait_for_lease_expiry_s"], waited), 2)
+
+            to_do, done_by_next = len(state.untouched), 0
+            stale = []
+            if scenario.name == "schedule_bulk_delete_job_artifacts":
+                occupied = sorted(artifact_buckets.read_state(client).occupied)
+                if occupied and state.untouched:
+                    # The dead worker's bucket is not handed out before stale recovery...
+                    first = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
+                    done_by_next += first["destroyed_job_artifacts_count"]
+                    # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
+                    held = {i for i in state.untouched if (seeded.snapshot[i][2] + seeded.snapshot[i][3]) % 5 in occupied}
+                    if set(first["buckets_processed"]) & set(occupied) or not held <= scenario.check(engine, client, seeded).untouched:
+                        violations.append(f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
+                    figures["dead_workers_buckets_skipped_then_recovered"] += len(occupied)
+                # ...and is recovered once ten minutes have passed.
+                stale = age_occupied_buckets(client)
+
+            recovery = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
+            done_by_next += scenario.done_count(recovery)
+            if recovery["status"] != "success" or done_by_next != to_do:
+                violations.append(f"trial {trial}: the next run did {done_by_next} of {to_do}: {recovery}")
+            if scenario.name == "schedule_bulk_delete_job_artifacts" and (
+                recovery["stale_count"] != len(stale) or artifact_buckets.read_state(client).occupied
+            ):
+                violations.append(f"trial {trial}: stale buckets {stale} not recovered: {recovery}")
+            final = scenario.check(engine, client, seeded)
+            violations += [f"trial {trial} after the next run: {v}" for v in final.violations]
+            if final.done != set(seeded.candidates):
+                violations.append(f"trial {trial}: the next run left {len(set(seeded.candidates) - final.done)} rows")
+            figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
+    finally:
+        engine.dispose()
+        client.close()
+    figures["violations"] = len(violations)
+    return {"figures": figures, "violations": violations[:50]}
+
+
+def _series_process(send, scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str, parent_engines) -> None:
+    import traceback
+
+    for engine in parent_engines:
+        engine.dispose(close=False)
+    try:
+        send.send(crash_series(scenario, db_url, redis_url, settings, seed))
+    except BaseException:  # noqa: BLE001 - the parent fails the test with it
+        send.send({"figures": {}, "violations": [traceback.format_exc()]})
+
+
+def start_crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str, parent_engines):
+    """One job's trials in a process of their own (their own database and Redis db), so the five series overlap."""
+    receive, send = FORK.Pipe(duplex=False)
+    process = FORK.Process(target=_series_process, args=(send, scenario, db_url, redis_url, settings, seed, parent_engines))
+    process.start()
+    send.close()
+
+    def result(timeout: float = 400) -> dict:
+        if not receive.poll(timeout):
+            process.kill()
+            raise AssertionError(f"{scenario.name}: the crash trials did not end in {timeout} s")
+        found = receive.recv()
+        process.join(30)
+        return found
+
+    return result

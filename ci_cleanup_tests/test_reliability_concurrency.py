@@ -1,0 +1,264 @@
+"""Issue 9, first half: the five jobs under concurrency, SIGKILL at random points, and concurrent writers.
+
+- Concurrency: 2 runs through ``dagster job execute`` and 4 forked in-process runs started at once over
+  thousands of candidates: each row changed exactly once (a row trigger audits every UPDATE/DELETE),
+  the runs' reported counts add up, a lease is never held by two runs.
+- Crash: 20 seeded trials per job, a run SIGKILLed after a random 0-1.5 s: every row untouched or fully
+  processed; the dead run's lease expires after its (short) TTL, a killed bucket worker's bucket is
+  handed out only after stale recovery, and the next run finishes the work.
+- Concurrent writers: while a job runs, another process changes candidates as GitLab would; each
+  change the writer made is still there afterwards.
+
+The figures (trials, kills that hit mid-work, rows checked, violations) go to
+``test-artifacts/reliability_concurrency.json`` and the test output.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from ci_cleanup.gitlab import artifact_buckets
+from ci_cleanup.gitlab.schema import create_schema
+
+from .reliability import (
+    FORK,
+    CrashSettings,
+    SCENARIOS,
+    LeaseWatch,
+    changed_more_than_once,
+    fork_run,
+    install_audit,
+    remove_audit,
+    reset,
+    start_cli,
+    start_crash_series,
+    start_writer,
+)
+from .runner import op_metadata, run_job
+
+N_CONCURRENT = 2400  # candidates for runs started at once
+CONCURRENT_BATCH = 20  # small batches: each run lasts long enough for the others to overlap it
+N_CRASH = 300
+CRASH_BATCH = 10  # many commits per run: many points to be killed between (or inside)
+TRIALS = 20
+KILL_WITHIN = 1.5  # seconds
+CRASH_LEASE_TTL = 2  # seconds, in the killed run only; a test of the seed's 30/50 minutes would never end
+N_WRITER = 2000
+WRITER_BATCH = 20
+
+JOBS = sorted(SCENARIOS)
+FIGURES: dict[str, dict] = {}
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures():
+    yield FIGURES
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "reliability_concurrency.json").write_text(json.dumps(FIGURES, indent=2, sort_keys=True))
+    for name, numbers in sorted(FIGURES.items()):
+        print(f"{name}: {numbers}")
+
+
+@pytest.fixture(scope="module")
+def audit(_engine):
+    install_audit(_engine)
+    yield
+    remove_audit(_engine)
+
+
+def extra_totals(job_name: str, results: list[dict], n: int) -> dict:
+    """Totals besides the rows changed that must add up too: stop actions played, deleted-object rows written."""
+    if job_name == "environments_auto_stop":
+        return {"stop_actions_started": (sum(r["metadata"]["stop_actions_started"] for r in results), (n + 1) // 2)}
+    if job_name == "schedule_bulk_delete_job_artifacts":
+        return {"deleted_objects_created": (sum(r["metadata"]["deleted_objects_created"] for r in results), n)}
+    return {}
+
+
+def assert_each_row_changed_once(scenario, seeded, results, holders, engine, redis_client) -> dict:
+    """Every candidate done, no row changed twice (audit), counts adding up, the lease held by one run at a time."""
+    job_name = scenario.name
+    assert [r["success"] for r in results] == [True] * len(results), [r.get("log") or r.get("error") for r in results]
+    state = scenario.check(engine, redis_client, seeded)
+    assert state.violations == []
+    assert state.done == set(seeded.candidates)
+    counts = [scenario.done_count(r["metadata"]) for r in results]
+    assert sum(counts) == len(seeded.candidates), counts
+    for name, (total, expected) in extra_totals(job_name, results, len(seeded.candidates)).items():
+        assert total == expected, name
+    statuses = [r["metadata"]["status"] for r in results]
+    if scenario.lease:
+        held = [h for h in holders if h is not None]
+        assert len(held) == len(set(held)), f"the lease went back and forth: {holders}"
+        working = {r["run_id"] for r, count in zip(results, counts) if count}
+        assert working <= set(held), "a run changed rows without holding the lease"
+        skipped = [count for r, count in zip(results, counts) if r["metadata"]["status"] == "skipped: lease held"]
+        assert skipped == [0] * len(skipped)
+        assert set(statuses) <= {"success", "skipped: lease held"}
+    else:
+        assert set(statuses) == {"success"}
+    if job_name == "schedule_bulk_delete_job_artifacts":
+        buckets = artifact_buckets.read_state(redis_client)
+        assert (buckets.available, buckets.occupied) == (frozenset(range(5)), {})
+    return {
+        "rows_checked": len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values()),
+        "counts_per_run": counts,
+        "statuses": statuses,
+        "runs_that_changed_rows": sum(1 for c in counts if c),
+        "lease_holders_seen": len([h for h in holders if h is not None]),
+        "violations": 0,
+    }
+
+
+def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_exactly_once(
+    stack, engine, redis_client, audit, tmp_path
+):
+    """Ten ``dagster job execute`` processes at once: two per job, all five jobs side by side."""
+    reset(engine, redis_client)
+    seeded = {name: SCENARIOS[name].seed_and_snapshot(engine, redis_client, N_CONCURRENT) for name in JOBS}
+    watches = {name: LeaseWatch(stack.redis_url, SCENARIOS[name].lease) for name in JOBS if SCENARIOS[name].lease}
+    for watch in watches.values():
+        watch.start()
+    started = {}
+    for name in JOBS:
+        config = SCENARIOS[name].run_config(CONCURRENT_BATCH)
+        if name != "schedule_bulk_delete_job_artifacts":
+            # Steps in the run's process: the default multiprocess executor adds ~3 s of imports per step.
+            # The bulk-delete job keeps its own multiprocess executor (its bucket workers in parallel processes).
+            config = {"execution": {"config": {"in_process": {}}}, **config}
+        started[name] = [start_cli(SCENARIOS[name], stack, tmp_path / f"{name}-{i}", config) for i in range(2)]
+    results = {name: [run.result(SCENARIOS[name].report_op) for run in runs] for name, runs in started.items()}
+    holders = {name: watch.stop() for name, watch in watches.items()}
+
+    with engine.connect() as conn:
+        assert changed_more_than_once(conn) == []
+    for name in JOBS:
+        FIGURES[f"concurrency/{name}/2 runs via dagster CLI"] = assert_each_row_changed_once(
+            SCENARIOS[name], seeded[name], results[name], holders.get(name, []), engine, redis_client
+        )
+
+
+@pytest.mark.parametrize("job_name", JOBS)
+def test_four_runs_started_at_once_change_each_row_exactly_once(stack, engine, _engine, redis_client, audit, job_name):
+    scenario = SCENARIOS[job_name]
+    seeded = scenario.reset_and_seed(engine, redis_client, N_CONCURRENT)
+    barrier = FORK.Barrier(5)
+    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), [_engine], barrier=barrier) for _ in range(4)]
+    watch = LeaseWatch(stack.redis_url, scenario.lease) if scenario.lease else None
+    if watch:
+        watch.start()
+    barrier.wait(60)
+    results = [run.result() for run in forked]
+    holders = watch.stop() if watch else []
+
+    with engine.connect() as conn:
+        assert changed_more_than_once(conn) == []
+    FIGURES[f"concurrency/{job_name}/4 forked runs"] = assert_each_row_changed_once(
+        scenario, seeded, results, holders, engine, redis_client
+    )
+
+
+@pytest.fixture
+def crash_targets(stack):
+    """A database and a Redis db per job, so the five series of trials run side by side without meeting."""
+    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
+    targets = {}
+    for number, name in enumerate(JOBS, start=1):
+        database = f"crash_{name}"
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{database}"'))
+        engine = create_engine(stack.url(database))
+        create_schema(engine)
+        install_audit(engine)
+        engine.dispose()
+        targets[name] = (stack.url(database), f"{stack.redis_url}?db={number}")
+    yield targets
+    with admin.connect() as conn:
+        for name in JOBS:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "crash_{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_next_run_finishes(_engine, crash_targets):
+    """20 seeded trials per job (the five series at once): kill, check every row, the lease expires, the next run finishes."""
+    settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=TRIALS, kill_within=KILL_WITHIN, lease_ttl=CRASH_LEASE_TTL)
+    series = {
+        name: start_crash_series(SCENARIOS[name], *crash_targets[name], settings, seed=f"sigkill/{name}", parent_engines=[_engine])
+        for name in JOBS
+    }
+    outcomes = {name: result() for name, result in series.items()}
+
+    for name, outcome in outcomes.items():
+        FIGURES[f"crash/{name}"] = outcome["figures"]
+    assert {name: outcome["violations"] for name, outcome in outcomes.items()} == {name: [] for name in JOBS}
+    for name in JOBS:
+        figures = outcomes[name]["figures"]
+        assert figures["trials"] == TRIALS and figures["killed_while_running"] > 0, (name, figures)
+
+
+@pytest.mark.parametrize("job_name", JOBS)
+def test_changes_made_by_a_concurrent_writer_are_never_overwritten(stack, engine, _engine, redis_client, audit, job_name):
+    scenario = SCENARIOS[job_name]
+    seeded = scenario.reset_and_seed(engine, redis_client, N_WRITER)
+    finish_writer = start_writer(scenario, stack.url(), seeded.candidates, seed=9, parent_engines=[_engine])
+    time.sleep(0.2)  # the writer is at work before the job starts
+
+    result = run_job(scenario.job, stack, run_config=scenario.run_config(WRITER_BATCH))
+    written = finish_writer()
+
+    assert written, "the writer changed nothing"
+    with engine.connect() as conn:
+        now = scenario.read_written(conn, list(written))
+    overwritten = {row_id: (value, now.get(row_id)) for row_id, value in written.items() if now.get(row_id) != value}
+    state = scenario.check(engine, redis_client, seeded, exclude=set(written))
+    report = op_metadata(result, scenario.report_op)
+
+    FIGURES[f"writer/{job_name}"] = {
+        "rows_changed_by_writer": len(written),
+        "rows_done_by_job": len(state.done),
+        "rows_checked": N_WRITER + sum(len(k) for k in seeded.keepers.values()),
+        "violations": len(overwritten) + len(state.violations),
+    }
+    assert dict(list(overwritten.items())[:10]) == {}, f"{len(overwritten)} writer changes overwritten"
+    assert state.violations == []
+    assert state.done == set(seeded.candidates) - set(written)
+    assert scenario.done_count(report) == len(state.done)
+
+
+def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine):
+    """The race the writer test found: the heartbeat commits after the sub-batch read its ids, before the DELETE locks the row."""
+    from sqlalchemy import text
+
+    from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
+    from ci_cleanup.stale_runner_machines_cleanup import service
+
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at) "
+            "SELECT g, 'm' || g, 1, now() - interval '30 days', now() - interval '30 days', now() - interval '8 days' "
+            "FROM generate_series(1, 5) g"
+        ))
+    heartbeat = engine.connect()
+    transaction = heartbeat.begin()
+    contacted_at = heartbeat.execute(text("UPDATE ci_runner_machines SET contacted_at = now() WHERE id = 3 RETURNING contacted_at")).scalar_one()
+    deleted: list[int] = []
+    delete = threading.Thread(
+        target=lambda: deleted.extend(service.delete_sub_batch(engine, gitlab_schema(), service.stale_deadline(utc_now()), 100))
+    )
+    delete.start()
+    time.sleep(0.3)  # the DELETE has read its ids and now waits for machine 3's row lock
+    transaction.commit()
+    heartbeat.close()
+    delete.join(10)
+
+    assert sorted(deleted) == [1, 2, 4, 5]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id, contacted_at FROM ci_runner_machines")).all() == [(3, contacted_at)]
