@@ -342,7 +342,12 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
             worker.wait()
             with engine.connect() as conn:
                 conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
-                while conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}):
+                deadline = time.monotonic() + 60
+                # pg_stat_activity is a snapshot per transaction: clear it each time to see the backend go.
+                while conn.execute(text("SELECT pg_stat_clear_snapshot()")) and conn.scalar(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
+                ):
+                    assert time.monotonic() < deadline, "the killed worker's backend did not exit"
                     time.sleep(0.05)
         finally:
             if worker.poll() is None:
