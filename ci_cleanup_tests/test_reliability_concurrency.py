@@ -45,7 +45,7 @@ from .runner import op_metadata, run_job
 N_CONCURRENT = 2400  # candidates for runs started at once
 CONCURRENT_BATCH = 20  # small batches: each run lasts long enough for the others to overlap it
 N_CRASH = 300
-CRASH_BATCH = 10  # many commits per run: many points to be killed between (or inside)
+CRASH_BATCH = 5  # many commits per run: many points to be killed between (or inside), and a longer run to hit
 TRIALS = 20
 KILL_WITHIN = 1.5  # seconds
 CRASH_LEASE_TTL = 2  # seconds, in the killed run only; a test of the seed's 30/50 minutes would never end
