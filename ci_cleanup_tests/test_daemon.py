@@ -32,6 +32,11 @@ def test_daemon_launches_a_scheduled_run_that_drops_the_stuck_build(stack, engin
     )
     try:
         with DagsterInstance.from_config(str(tmp_path)) as instance:
+            queue = instance.get_concurrency_config().run_queue_config
+            assert queue.tag_concurrency_limits == [
+                {"key": "ci_cleanup/job", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+            ]  # one run per job at a time
+            assert not instance.run_retries_enabled and instance.run_monitoring_enabled
             schedule_runs = RunsFilter(tags={"dagster/schedule_name": "test_drop_canceling_builds_every_minute"})
             deadline = time.monotonic() + 200  # the next minute boundary, then the queue and the run
             while True:
