@@ -9,13 +9,14 @@ runs at once delete every row once and their counts add up.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, Select, and_, any_, delete, func, or_, select, union_all
+from sqlalchemy import ColumnElement, Integer, Select, and_, any_, bindparam, delete, func, or_, select, union_all
 from sqlalchemy.engine import Connection, Engine
 
-from ..gitlab.schema import GitLabSchema
+from ..gitlab.schema import TIMESTAMPTZ, GitLabSchema
 
 STALE_TIMEOUT = dt.timedelta(days=7)  # Ci::RunnerManager::STALE_TIMEOUT
 SUB_BATCH_LIMIT = 100
@@ -59,13 +60,28 @@ def find_stale_ids(conn: Connection, schema: GitLabSchema, deadline: dt.datetime
     return list(conn.scalars(select(m.c.id).where(stale(schema, deadline)).order_by(m.c.id).limit(limit)))
 
 
-def delete_sub_batch(engine: Engine, schema: GitLabSchema, deadline: dt.datetime, limit: int) -> list[int]:
+def delete_sub_batch(engine: Engine | Connection, schema: GitLabSchema, deadline: dt.datetime, limit: int) -> list[int]:
     """``id_in(stale.limit(n)).delete_all`` in its own transaction; returns the ids this statement deleted.
 
     A row another run deleted first is skipped by PostgreSQL's recheck, so it is never counted twice.
+    Given a Connection (the run's loop), the sub-batch is a transaction on it: no pool checkout per sub-batch.
     """
-    with engine.begin() as conn:
-        return list(conn.scalars(delete_sub_batch_statement(schema, deadline, limit)))
+    if isinstance(engine, Engine):
+        with engine.connect() as conn:
+            return delete_sub_batch(conn, schema, deadline, limit)
+    with engine.begin():
+        return list(engine.scalars(_prepared_sub_batch_statement(schema), {"deadline": deadline, "limit": limit}))
+
+
+@functools.lru_cache(maxsize=8)
+def _prepared_sub_batch_statement(schema: GitLabSchema):
+    """The sub-batch DELETE built once, with the deadline and limit as parameters.
+
+    Building the statement (and its cache key) anew for every sub-batch cost as much as running it.
+    """
+    return delete_sub_batch_statement(
+        schema, bindparam("deadline", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer)
+    )
 
 
 def stale_ids_query(schema: GitLabSchema, deadline: dt.datetime, limit: int) -> Select:
@@ -110,11 +126,12 @@ def delete_stale_runner_managers(
         raise ValueError("sub_batch_limit and max_deletions must be at least 1")
     deadline = stale_deadline(now, stale_after)
     result = CleanupResult(max_deletions=max_deletions)
-    while True:
-        # The last pass never overshoots the cap.
-        deleted = delete_sub_batch(engine, schema, deadline, min(sub_batch_limit, max_deletions - result.total_deleted))
-        result.batch_counts.append(len(deleted))
-        result.total_deleted += len(deleted)
-        on_sub_batch(deleted)
-        if not deleted or result.total_deleted >= max_deletions:
-            return result
+    with engine.connect() as conn:  # one connection for the run, one transaction per sub-batch
+        while True:
+            # The last pass never overshoots the cap.
+            deleted = delete_sub_batch(conn, schema, deadline, min(sub_batch_limit, max_deletions - result.total_deleted))
+            result.batch_counts.append(len(deleted))
+            result.total_deleted += len(deleted)
+            on_sub_batch(deleted)
+            if not deleted or result.total_deleted >= max_deletions:
+                return result
