@@ -8,15 +8,16 @@ meanwhile is left as it is; a build that cannot be dropped is doomed.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, Select, and_, bindparam, delete, func, select, update
+from sqlalchemy import BigInteger, ColumnElement, Integer, Select, and_, any_, bindparam, delete, func, literal, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
-from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc, utc_now
+from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, TIMESTAMP, GitLabSchema, naive_utc, utc_now
 
 TIMEOUT = dt.timedelta(hours=1)
 BATCH_SIZE = 100
@@ -55,11 +56,13 @@ class DropResult:
 def outdated_canceling(schema: GitLabSchema, cutoff: dt.datetime) -> ColumnElement[bool]:
     """``Ci::Build.canceling.created_at_before(1.hour.ago).updated_at_before(1.hour.ago)``, both strict."""
     b = schema.ci_builds
+    if isinstance(cutoff, dt.datetime):
+        cutoff = naive_utc(cutoff)
     return and_(
         b.c.type == "Ci::Build",
         b.c.status == "canceling",
-        b.c.created_at < naive_utc(cutoff),
-        b.c.updated_at < naive_utc(cutoff),
+        b.c.created_at < cutoff,
+        b.c.updated_at < cutoff,
     )
 
 
@@ -122,6 +125,46 @@ def drop_statement(schema: GitLabSchema, expected: dict[int, int], cutoff: dt.da
     left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
     left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
     return select(dropped.c.id, dropped.c.runner_id).add_cte(left_pending, left_running)
+
+
+@functools.lru_cache(maxsize=8)
+def find_and_drop_statement(schema: GitLabSchema) -> Select:
+    """A whole batch in one statement: pick the next ``:limit`` candidates in the seed's order and drop them.
+
+    ``UPDATE … WHERE id = ANY(ARRAY(next candidates)) AND <still outdated and canceling>``: a build
+    changed by someone else after the statement's snapshot is re-checked by PostgreSQL when its row
+    is locked (EvalPlanQual), so one that stopped being a candidate is never overwritten, and one
+    still a candidate is dropped in its new version (GitLab's lock retry). The queue DELETEs are
+    data-modifying CTEs. Built once, with ``:cutoff``, ``:now`` and ``:limit`` bound per batch.
+    """
+    b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
+    cutoff, now = bindparam("cutoff", type_=TIMESTAMP), bindparam("now", type_=TIMESTAMP)
+    candidate = outdated_canceling(schema, cutoff)
+    picked = (
+        select(b.c.id).where(candidate).order_by(b.c.created_at, b.c.project_id, b.c.id)
+        .limit(bindparam("limit", type_=Integer)).scalar_subquery()
+    )
+    dropped = (
+        update(b)
+        .where(b.c.id == any_(func.array(picked)), candidate)
+        .values(
+            status="failed",
+            failure_reason=STUCK_OR_TIMEOUT_FAILURE,
+            finished_at=func.coalesce(b.c.finished_at, now),
+            updated_at=now,
+            lock_version=func.coalesce(b.c.lock_version, 0) + 1,
+        )
+        .returning(b.c.id, b.c.runner_id, b.c.created_at, b.c.project_id)
+        .cte("dropped")
+    )
+    left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
+    left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
+    # The seed logs the status the build was read in: a dropped build was canceling.
+    return (
+        select(dropped.c.id, dropped.c.runner_id, literal("canceling").label("status"))
+        .add_cte(left_pending, left_running)
+        .order_by(dropped.c.created_at, dropped.c.project_id, dropped.c.id)
+    )
 
 
 def _drop(conn: Connection, schema: GitLabSchema, expected: dict[int, int], cutoff: dt.datetime, now: dt.datetime):
@@ -227,17 +270,39 @@ def drop_canceling_builds(
     """Drop every outdated canceling build, batch after batch, until none is left."""
     result = DropResult()
     left: set[int] = set()  # builds that stay canceling after their turn are not picked again this run
-    while True:
-        with engine.connect() as conn:
-            builds = find_batch(conn, schema, cutoff, batch_size, left)
-        if not builds:
-            return result
-        try:
-            batch = drop_builds(engine, schema, builds, cutoff, now())
-        except DBAPIError as e:
-            if e.connection_invalidated:
-                raise
-            batch = drop_builds_one_by_one(engine, schema, builds, cutoff, now(), report_error)
-        left.update(batch.left)
-        result.add(batch)
-        on_batch(batch)
+    fast = True  # one statement per batch until a batch fails or finds nothing; then read, then write
+    with engine.connect() as conn:  # one connection for the run, one transaction per batch
+        while True:
+            if fast:
+                try:
+                    with conn.begin():
+                        dropped = conn.execute(
+                            find_and_drop_statement(schema), {"cutoff": naive_utc(cutoff), "now": naive_utc(now()), "limit": batch_size}
+                        ).all()
+                except DBAPIError as e:
+                    if e.connection_invalidated:
+                        raise
+                    fast = False  # a build that cannot be dropped: this batch build by build, doomed if need be
+                else:
+                    if dropped:
+                        batch = BatchOutcome(dropped=dropped)
+                        result.add(batch)
+                        on_batch(batch)
+                        continue
+                    # Nothing dropped: done, unless every candidate picked changed meanwhile; the read path confirms.
+                    fast = False
+            with conn.begin():
+                builds = find_batch(conn, schema, cutoff, batch_size, left)
+            if not builds:
+                return result
+            try:
+                batch = drop_builds(engine, schema, builds, cutoff, now())
+            except DBAPIError as e:
+                if e.connection_invalidated:
+                    raise
+                batch = drop_builds_one_by_one(engine, schema, builds, cutoff, now(), report_error)
+            left.update(batch.left)
+            # Back to one statement per batch, unless a build stays canceling (the statement cannot skip it).
+            fast = not left
+            result.add(batch)
+            on_batch(batch)
