@@ -9,6 +9,7 @@ files in ``ci_deleted_objects`` (GitLab's ``Ci::DeletedObject.bulk_import``) for
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import posixpath
 import time
@@ -16,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy import ColumnElement, Select, and_, or_, delete, func, insert, select
+from sqlalchemy import ColumnElement, Integer, Select, and_, bindparam, or_, delete, func, insert, select
 from sqlalchemy.engine import Connection, Engine, Row
 
 from ..gitlab import artifact_buckets
 from ..gitlab.feature_flags import feature_enabled
-from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, GitLabSchema, utc_now
+from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, TIMESTAMPTZ, GitLabSchema, utc_now
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
 HIGH_CONCURRENCY_FLAG = "bulk_delete_job_artifacts_high_concurrency"
@@ -42,11 +43,23 @@ class Flags:
 
 
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
-    """The seed's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5."""
-    high = feature_enabled(conn, schema, HIGH_CONCURRENCY_FLAG)
+    """The seed's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
+
+    Both flags in one query (as :func:`feature_enabled` reads each: the boolean gate set to true):
+    the bucket workers read them before every batch.
+    """
+    on = set(conn.scalars(_flags_query(schema)))
     return Flags(
-        enabled=feature_enabled(conn, schema, FEATURE_FLAG),
-        max_buckets=MAX_BUCKETS_HIGH_CONCURRENCY if high else MAX_BUCKETS,
+        enabled=FEATURE_FLAG in on,
+        max_buckets=MAX_BUCKETS_HIGH_CONCURRENCY if HIGH_CONCURRENCY_FLAG in on else MAX_BUCKETS,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _flags_query(schema: GitLabSchema) -> Select:
+    gates = schema.feature_gates
+    return select(gates.c.feature_key).where(
+        gates.c.feature_key.in_([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG]), gates.c.key == "boolean", gates.c.value == "true"
     )
 
 
@@ -125,24 +138,35 @@ def expired_batch_query(schema: GitLabSchema, bucket: int, max_buckets: int, now
     )
 
 
-def delete_batch(engine: Engine, schema: GitLabSchema, bucket: int, max_buckets: int, now: dt.datetime, batch_size: int) -> DeletedBatch:
+@functools.lru_cache(maxsize=8)
+def _delete_batch_statement(schema: GitLabSchema):
+    """The batch DELETE built once, bucket, bucket count, moment and size bound per batch."""
+    a = schema.ci_job_artifacts
+    picked = expired_batch_query(
+        schema, bindparam("bucket", type_=Integer), bindparam("max_buckets", type_=Integer),
+        bindparam("now", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer),
+    ).scalar_subquery()
+    return delete(a).where(a.c.id.in_(picked)).returning(
+        a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path,
+        a.c.expire_at, a.c.created_at, a.c.size,
+    )
+
+
+def delete_batch(engine: Engine | Connection, schema: GitLabSchema, bucket: int, max_buckets: int, now: dt.datetime, batch_size: int) -> DeletedBatch:
     """One transaction: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
 
     ``FOR UPDATE SKIP LOCKED`` keeps two workers (or a worker and a live GitLab) off the same rows.
     The transaction commits both or neither: a worker that dies mid-batch leaves the batch untouched.
     """
-    a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
-    picked = expired_batch_query(schema, bucket, max_buckets, now, batch_size).scalar_subquery()
-    with engine.begin() as conn:
-        deleted = conn.execute(
-            delete(a).where(a.c.id.in_(picked)).returning(
-                a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path,
-                a.c.expire_at, a.c.created_at, a.c.size,
-            )
-        ).all()
-        objects = [o for o in (deleted_object(row, now) for row in deleted) if o is not None]
-        if objects:
-            conn.execute(insert(d), objects)
+    if isinstance(engine, Engine):
+        with engine.begin() as conn:
+            return delete_batch(conn, schema, bucket, max_buckets, now, batch_size)
+    conn = engine  # in the caller's transaction
+    params = {"bucket": bucket, "max_buckets": max_buckets, "now": now, "limit": batch_size}
+    deleted = conn.execute(_delete_batch_statement(schema), params).all()
+    objects = [o for o in (deleted_object(row, now) for row in deleted) if o is not None]
+    if objects:
+        conn.execute(insert(schema.ci_deleted_objects), objects)
     return DeletedBatch(ids=sorted(row.id for row in deleted), size=sum(row.size or 0 for row in deleted), deleted_objects=len(objects))
 
 
@@ -186,25 +210,29 @@ def run_bucket_worker(
         return result
     result.mod_bucket = bucket
     started = time.monotonic()
-    while True:
-        with engine.connect() as conn:
-            flags = read_flags(conn, schema)
-        if bucket >= flags.max_buckets:
-            result.terminated_early_due_to_scale_down = True
-            break
-        if not flags.enabled:
-            result.stopped_by_feature_flag = True
-            break
-        if result.batches >= max_batches or time.monotonic() - started >= max_runtime.total_seconds():
-            break
-        batch = delete_batch(engine, schema, bucket, flags.max_buckets, now(), batch_size)
-        result.batches += 1
-        result.destroyed_job_artifacts_count += len(batch.ids)
-        result.size += batch.size
-        result.deleted_objects += batch.deleted_objects
-        on_batch(bucket, batch)
-        if len(batch.ids) < batch_size:
-            result.artifacts_empty = True
-            break
+    conn = engine.connect()  # one connection per worker; each batch one transaction, the flags read in it
+    try:
+        while True:
+            with conn.begin():
+                flags = read_flags(conn, schema)
+                if bucket >= flags.max_buckets:
+                    result.terminated_early_due_to_scale_down = True
+                    break
+                if not flags.enabled:
+                    result.stopped_by_feature_flag = True
+                    break
+                if result.batches >= max_batches or time.monotonic() - started >= max_runtime.total_seconds():
+                    break
+                batch = delete_batch(conn, schema, bucket, flags.max_buckets, now(), batch_size)
+            result.batches += 1
+            result.destroyed_job_artifacts_count += len(batch.ids)
+            result.size += batch.size
+            result.deleted_objects += batch.deleted_objects
+            on_batch(bucket, batch)
+            if len(batch.ids) < batch_size:
+                result.artifacts_empty = True
+                break
+    finally:
+        conn.close()
     result.released = artifact_buckets.release(client, bucket, flags.max_buckets)
     return result
