@@ -149,3 +149,22 @@ def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_ever
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output[-3000:]
     assert _servers_of(data_dir) == []
+
+
+def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_path):
+    seed(engine, redis_client)
+    with engine.connect() as conn:
+        before = conn.scalar(text(WORK["drop_canceling_builds"]))
+    (tmp_path / "dry.yaml").write_text("resources: {run_options: {config: {dry_run: true}}}\n")
+
+    done = subprocess.run(
+        [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", "drop_canceling_builds", "-c", "dry.yaml"],
+        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url),
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RUN_SUCCESS" in done.stderr and "Dry run: finding what would change" in done.stderr
+    with engine.connect() as conn:
+        assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
+    assert redis_client.keys("gitlab:exclusive_lease:*") == []
