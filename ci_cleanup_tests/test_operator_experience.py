@@ -64,3 +64,12 @@ def test_a_run_carries_its_rows_changed_as_a_tag(stack, engine, redis_client, jo
     assert len(reported) == 1 and reported[0] > 0
     assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == str(reported[0])
     assert DRY_RUN_TAG not in instance.get_run_by_id(result.run_id).tags
+
+
+def test_run_time_limits_follow_the_seeds_lease_ttls_and_one_run_per_job_is_queued():
+    """Run monitoring fails a run past ``dagster/max_runtime``; the run queue limits on ``ci_cleanup/job``."""
+    limits = {job.name: job.tags.get("dagster/max_runtime") for job in JOBS}
+    assert limits["drop_canceling_builds"] == str(30 * 60)
+    assert limits["environments_auto_stop"] == str(50 * 60)
+    assert limits["schedule_bulk_delete_job_artifacts"] == str(60 + 5 * 60)  # scheduler's 60 s + its workers
+    assert {job.tags["ci_cleanup/job"] for job in JOBS} == {job.name for job in JOBS}
