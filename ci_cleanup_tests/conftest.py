@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -46,14 +47,23 @@ def redis_client(stack):
     client.close()
 
 
-@pytest.fixture
-def scratch_database(stack):
-    """A database of its own, for tests that break or reshape the schema; returns its URL."""
+@contextlib.contextmanager
+def scratch_database_of(stack):
+    """A database of its own on ``stack``, dropped afterwards; yields its URL."""
     name = f"scratch_{uuid.uuid4().hex[:12]}"
     admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield stack.url(name)
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield stack.url(name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def scratch_database(stack):
+    """A database of its own, for tests that break or reshape the schema; returns its URL."""
+    with scratch_database_of(stack) as url:
+        yield url

@@ -38,6 +38,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
+from .conftest import scratch_database_of
 from .factories import ago, create, naive_ago, row
 from .runner import op_metadata, run_job
 
@@ -368,17 +369,11 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
 @pytest.fixture
 def scratch(faults):
     """A database of the faults stack with GitLab's tables, to break; yields (engine, url)."""
-    name = f"scratch_{time.monotonic_ns()}"
-    admin = create_engine(faults.url("postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine = create_engine(faults.url(name))
-    create_schema(engine)
-    yield engine, faults.url(name)
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database_of(faults) as url:
+        engine = create_engine(url)
+        create_schema(engine)
+        yield engine, url
+        engine.dispose()
 
 
 # Per job: what is broken in its tables, and what the error must say about each.
