@@ -38,7 +38,8 @@ class Figures:
     job: str
     rows_per_s: dict[str, float] = field(default_factory=dict)  # job, raw, per_row
     batch_ms: dict[str, float] = field(default_factory=dict)  # small, big
-    peak_kib: dict[str, float] = field(default_factory=dict)  # small, big
+    peak_kib: dict[str, float] = field(default_factory=dict)  # small, big: Python heap (tracemalloc)
+    rss_mib: dict[str, float] = field(default_factory=dict)  # small, big: the process's peak resident memory
     idle_s: float = 0.0
 
     @property
@@ -79,12 +80,13 @@ def timed(engine, client, runner) -> tuple[int, float, list[float]]:
     return rows, end - marks[0], [b - a for a, b in zip(marks, marks[1:])]
 
 
-def peak_memory(url: str, redis_url: str, job: str) -> float:
-    """KiB of Python heap at the peak of a run of ``job``, in a fresh interpreter."""
+def peak_memory(figures: Figures, size: str, url: str, redis_url: str) -> None:
+    """The peak Python heap (KiB) and peak RSS (MiB) of a run of the job, in a fresh interpreter."""
     out = subprocess.run(
-        [sys.executable, "-m", "ci_cleanup.bench.memory", url, redis_url, job], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "ci_cleanup.bench.memory", url, redis_url, figures.job], check=True, capture_output=True, text=True
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_kib"]
+    peak = json.loads(out.strip().splitlines()[-1])
+    figures.peak_kib[size], figures.rss_mib[size] = peak["peak_kib"], peak["maxrss_kib"] / 1024
 
 
 def idle_run_seconds(env: dict[str, str]) -> dict[str, float]:
@@ -131,7 +133,7 @@ def bench(env: dict[str, str], *, small_rows: int, big_rows: int, work: int, mem
         log(f"  {job.name}: {rows:,} rows in {seconds:.2f} s")
     for job in selected:  # memory at 1 k candidates, on the small tables
         add_candidates(engine, job, 1000)
-        figures[job.name].peak_kib["small"] = peak_memory(url, redis_url, job.name)
+        peak_memory(figures[job.name], "small", url, redis_url)
 
     log(f"Tables at {big_rows:,} rows")
     grow(engine, big_rows, log)
@@ -145,8 +147,8 @@ def bench(env: dict[str, str], *, small_rows: int, big_rows: int, work: int, mem
                 f.batch_ms["big"] = statistics.median(batches) * 1000
             log(f"  {job.name} {how}: {rows:,} rows in {seconds:.2f} s")
         add_candidates(engine, job, memory_candidates)
-        f.peak_kib["big"] = peak_memory(url, redis_url, job.name)
-        log(f"  {job.name} memory at {memory_candidates:,} candidates: {f.peak_kib['big']:.0f} KiB")
+        peak_memory(f, "big", url, redis_url)
+        log(f"  {job.name} memory at {memory_candidates:,} candidates: heap {f.peak_kib['big']:.0f} KiB, RSS {f.rss_mib['big']:.1f} MiB")
 
     for name, seconds in idle_run_seconds(env).items():
         if name in figures:
@@ -159,14 +161,16 @@ def table(figures: list[Figures], small_rows: int, big_rows: int, memory_candida
     head = (
         "| job | rows/s job | rows/s raw SQL | rows/s per-row | job vs raw (≤1.5) | job vs per-row (≥10) "
         f"| batch ms @{small_rows:,} | batch ms @{big_rows:,} | ratio (≤1.5) "
-        f"| peak KiB @1k | peak KiB @{memory_candidates:,} | ratio (≤1.2) | idle run s (<2) |"
+        f"| RSS MiB @1k | RSS MiB @{memory_candidates:,} | ratio (≤1.2) | heap KiB @1k | heap KiB @{memory_candidates:,} | ratio "
+        "| idle run s (<2) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in figures:
         lines.append(
             f"| {f.job} | {f.rows_per_s['job']:,.0f} | {f.rows_per_s['raw']:,.0f} | {f.rows_per_s['per_row']:,.0f} "
             f"| {f.vs_raw:.2f} | {f.vs_per_row:.1f} | {f.batch_ms['small']:.2f} | {f.batch_ms['big']:.2f} "
-            f"| {f.batch_ms['big'] / f.batch_ms['small']:.2f} | {f.peak_kib['small']:,.0f} | {f.peak_kib['big']:,.0f} "
+            f"| {f.batch_ms['big'] / f.batch_ms['small']:.2f} | {f.rss_mib['small']:.1f} | {f.rss_mib['big']:.1f} "
+            f"| {f.rss_mib['big'] / f.rss_mib['small']:.2f} | {f.peak_kib['small']:,.0f} | {f.peak_kib['big']:,.0f} "
             f"| {f.peak_kib['big'] / f.peak_kib['small']:.2f} | {f.idle_s:.2f} |"
         )
     return "\n".join(lines)
@@ -186,8 +190,9 @@ Written by `ci-cleanup bench` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {small_rows:,} then {big_rows:,} rows; runner machines,
   export jobs and environments a tenth of that (GitLab.com's mix, `ci_cleanup/bench/seed.py`).
 - Work: {work:,} candidates per job and per way of doing it ({max(1000, work // 10):,} for the per-row loop);
-  peak memory at 1,000 and {memory_candidates:,} candidates (Python heap by tracemalloc, in a subprocess,
-  cyclic garbage collected after each batch).
+  peak memory at 1,000 and {memory_candidates:,} candidates, of a subprocess running the job's service: its peak
+  resident set (what the operator's machine sees; the process has Dagster, SQLAlchemy and the drivers loaded) and
+  the peak of the Python heap traced by tracemalloc (cyclic garbage collected after each batch).
 - "raw SQL": a hand-written loop of one set-based statement per batch of the same size; "per-row": read
   each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!` style).
 - "idle run": the Dagster job executed in process on the big tables with nothing to do.
