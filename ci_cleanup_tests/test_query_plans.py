@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import func, select, text
 
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
@@ -62,9 +62,11 @@ def statements(engine):
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
     yield "environments_auto_stop batch", auto_stop.find_batch_query(S, NOW, envs[len(envs) // 2].id, 100)
     a = S.ci_job_artifacts
-    for max_buckets in (bulk_delete.MAX_BUCKETS, bulk_delete.MAX_BUCKETS_HIGH_CONCURRENCY):
-        picked = bulk_delete.expired_batch_query(S, 1, max_buckets, NOW, bulk_delete.BATCH_SIZE).scalar_subquery()
-        yield f"schedule_bulk_delete_job_artifacts batch of {max_buckets} buckets", delete(a).where(a.c.id.in_(picked))
+    yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
+        bulk_delete.expired_in_bucket(S, NOW, bulk_delete.MAX_BUCKETS, 1)
+    )
+    batch = {"bucket": 1, "now": NOW, "limit": bulk_delete.BATCH_SIZE, **bulk_delete.pick_up_at_bounds(NOW)}
+    yield "schedule_bulk_delete_job_artifacts batch", bulk_delete.batch_statement(S).params(batch)
 
 
 def seq_scans(plan: dict) -> list[str]:

@@ -171,6 +171,70 @@ def test_pick_up_at_clamp_bounds():
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
 
 
+# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and Python (deleted_object) versions.
+RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.timezone.utc)  # Los Angeles moved to DST 2 hours before
+SESSION_TIME_ZONE = "America/Los_Angeles"
+HASHED_CASES = [
+    dict(created_at=dt.datetime(2024, 3, 9, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)),
+    dict(created_at=dt.datetime(2024, 3, 10, 0, 0, tzinfo=dt.timezone.utc)),  # 2024-03-09 in Los Angeles
+    dict(created_at=dt.datetime(2024, 3, 10, 7, 59, tzinfo=dt.timezone.utc), project_id=2**62),
+    dict(created_at=dt.datetime(2024, 3, 10, 1, tzinfo=dt.timezone(dt.timedelta(hours=14))), file="job.log.gz"),  # 2024-03-09 UTC
+    dict(created_at=dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.timezone.utc), file_store=None),
+    dict(file_final_path=None, file_store=2),
+]
+FINAL_PATHS = ["@final/1a/2b/5f8e/artifacts.zip", "noslash.zip", "/root.zip", "//x.zip", "a//b.zip", "a/b/", "///",
+               "dir/ü ñ/файл.zip", "a/b\nc/d.zip", "a/b c/.hidden"]
+NO_OBJECT_CASES = [dict(file=None), dict(file=""), dict(file="a.zip", created_at=None), dict(file=None, file_final_path="")]
+EXPIRE_AT = [RULE_NOW - dt.timedelta(days=3650), RULE_NOW - dt.timedelta(hours=23, minutes=30), RULE_NOW - dt.timedelta(seconds=1)]
+
+
+def _rule_cases(expire_at: list[dt.datetime]) -> list[dict]:
+    cases = HASHED_CASES + [dict(file_final_path=p) for p in FINAL_PATHS] + NO_OBJECT_CASES
+    return [{"expire_at": expire_at[i % len(expire_at)], **case} for i, case in enumerate(cases)]
+
+
+def _object(o) -> tuple:
+    return (o["file_store"], o["store_dir"], o["file"], o["project_id"], o["pick_up_at"])
+
+
+def test_deleted_object_sql_matches_the_python_rule(engine):
+    expire_at = EXPIRE_AT + [RULE_NOW + dt.timedelta(minutes=30), RULE_NOW + dt.timedelta(days=400)]
+    made = [create(engine, "ci_job_artifacts", project_id=case.pop("project_id", 42), job_id=58, **case) for case in _rule_cases(expire_at)]
+    a = S.ci_job_artifacts
+    with engine.connect() as conn:
+        conn.execute(text(f"SET TIME ZONE '{SESSION_TIME_ZONE}'"))
+        artifacts = {r.id: r for r in conn.execute(select(a))}
+        in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id), service.pick_up_at_bounds(RULE_NOW)).mappings().all()
+    assert sorted(artifacts) == made
+    in_python = {i: service.deleted_object(r, RULE_NOW) for i, r in artifacts.items()}
+    assert {r["id"]: _object(r) for r in in_sql} == {i: _object(o) for i, o in in_python.items() if o is not None}
+    assert sum(o is None for o in in_python.values()) == len(NO_OBJECT_CASES)
+    pick_up = sorted(r["pick_up_at"] for r in in_sql)  # both bounds reached, and values in between
+    assert pick_up[0] == RULE_NOW - dt.timedelta(days=1) and pick_up[-1] == RULE_NOW + dt.timedelta(hours=1)
+    assert RULE_NOW - dt.timedelta(hours=23, minutes=30) in pick_up and RULE_NOW + dt.timedelta(minutes=30) in pick_up
+
+
+def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_zone(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    made = [artifact(engine, project_id=case.pop("project_id", 10), **case) for case in _rule_cases(EXPIRE_AT)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    a = S.ci_job_artifacts
+    with engine.connect() as conn:
+        before = conn.execute(select(a).order_by(a.c.id)).all()
+    # A stored file without created_at nor file_final_path is left (its hashed path is unknown).
+    left = [r.id for r in before if r.file and r.file_final_path is None and r.created_at is None]
+    gone = [r for r in before if r.id not in left]
+    expected = [o for o in (service.deleted_object(r, RULE_NOW) for r in gone) if o is not None]
+    in_los_angeles = create_engine(stack.url(), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
+    try:
+        result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW)
+    finally:
+        in_los_angeles.dispose()
+    assert ids(engine, "ci_job_artifacts") == left and len(left) == 1 and len(made) == len(gone) + 1
+    assert (result.destroyed_job_artifacts_count, result.deleted_objects, result.size) == (len(gone), len(expected), 1024 * len(gone))
+    assert sorted(_object(o._mapping) for o in deleted_objects(engine)) == sorted(_object(o) for o in expected)
+
+
 def test_artifact_without_a_stored_file_is_deleted_without_a_deleted_object(stack, engine, redis_client):
     # GitLab's Ci::DeletedObject.bulk_import skips an artifact whose store_dir or file is nil.
     enable(engine, service.FEATURE_FLAG)
@@ -259,6 +323,23 @@ def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engin
     assert redis_state(redis_client) == (set(), {})
 
 
+def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_more(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    made = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+
+    def turn_off(bucket, batch):
+        with engine.begin() as conn:
+            conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.FEATURE_FLAG))
+
+    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, on_batch=turn_off)
+
+    assert (result.destroyed_job_artifacts_count, result.batches, result.stopped_by_feature_flag) == (2, 1, True)
+    assert not result.terminated_early_due_to_scale_down and not result.artifacts_empty and result.released
+    assert len(ids(engine, "ci_job_artifacts")) == 3 and len(deleted_objects(engine)) == 2
+    assert redis_state(redis_client) == ({0}, {})
+
+
 def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
     created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 8)]
@@ -324,36 +405,52 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
     enable(engine, service.FEATURE_FLAG)
     created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
     redis_client.sadd(AVAILABLE_KEY, "0")
-    with engine.connect() as blocker:
-        # Hold ci_deleted_objects: the worker's DELETE runs, then its INSERT waits inside the open transaction.
-        blocker.execute(text("LOCK TABLE ci_deleted_objects IN SHARE MODE"))
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url], cwd=os.getcwd())
-        try:
-            backend = None
-            deadline = time.monotonic() + 60
-            while backend is None and time.monotonic() < deadline and worker.poll() is None:
-                with engine.connect() as conn:
-                    backend = conn.scalar(text(
-                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO ci_deleted_objects%'"
-                    ))
-                time.sleep(0.05)
-            assert backend is not None, "the worker never reached its batch's INSERT"
-            os.kill(worker.pid, signal.SIGKILL)
-            worker.wait()
-            with engine.connect() as conn:
-                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+    # The batch is one statement: hold it at its end (its rows deleted and recorded, its transaction
+    # open) with a statement trigger on ci_deleted_objects that waits for an advisory lock the test holds.
+    with engine.begin() as conn:
+        conn.execute(text(
+            "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock(4004); RETURN NULL; END $$"
+        ))
+        conn.execute(text("CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects FOR EACH STATEMENT EXECUTE FUNCTION hold_batch()"))
+    try:
+        with engine.connect() as blocker:
+            blocker.execute(text("SELECT pg_advisory_xact_lock(4004)"))
+            worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url], cwd=os.getcwd())
+            try:
+                backend = None
                 deadline = time.monotonic() + 60
-                # pg_stat_activity is a snapshot per transaction: clear it each time to see the backend go.
-                while conn.execute(text("SELECT pg_stat_clear_snapshot()")) and conn.scalar(
-                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
-                ):
-                    assert time.monotonic() < deadline, "the killed worker's backend did not exit"
+                while backend is None and time.monotonic() < deadline and worker.poll() is None:
+                    with engine.connect() as conn:
+                        backend = conn.scalar(text(
+                            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                        ))
                     time.sleep(0.05)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
+                assert backend is not None, "the worker never reached the end of its batch statement"
+                with engine.connect() as conn:  # the batch did delete: its 100 rows are held by its open transaction
+                    a = S.ci_job_artifacts
+                    free = conn.scalars(select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
+                    assert len(free) == 50
+                    conn.rollback()
+                os.kill(worker.pid, signal.SIGKILL)
                 worker.wait()
-        blocker.rollback()
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+                    deadline = time.monotonic() + 60
+                    # pg_stat_activity is a snapshot per transaction: clear it each time to see the backend go.
+                    while conn.execute(text("SELECT pg_stat_clear_snapshot()")) and conn.scalar(
+                        text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
+                    ):
+                        assert time.monotonic() < deadline, "the killed worker's backend did not exit"
+                        time.sleep(0.05)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+            blocker.rollback()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER IF EXISTS hold_batch ON ci_deleted_objects"))
+            conn.execute(text("DROP FUNCTION IF EXISTS hold_batch()"))
 
     remaining = set(ids(engine, "ci_job_artifacts"))
     objects = deleted_objects(engine)

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy import ColumnElement, Integer, Select, and_, bindparam, or_, delete, func, insert, select
+from sqlalchemy import BigInteger, ColumnElement, FromClause, Integer, Select, Text, and_, any_, bindparam, case, cast, delete, func, insert, or_, select
+from sqlalchemy.dialects.postgresql import aggregate_order_by, array
 from sqlalchemy.engine import Connection, Engine, Row
 
 from ..gitlab import artifact_buckets
 from ..gitlab.feature_flags import feature_enabled
-from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, TIMESTAMPTZ, GitLabSchema, utc_now
+from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, FILE_STORE_LOCAL, TIMESTAMPTZ, GitLabSchema, utc_now
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
 HIGH_CONCURRENCY_FLAG = "bulk_delete_job_artifacts_high_concurrency"
@@ -45,25 +46,28 @@ class Flags:
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
     """The seed's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
 
-    Both flags in one query (as :func:`feature_enabled` reads each: the boolean gate set to true):
-    the bucket workers read them before every batch.
+    The bucket workers read the same query in each batch's statement (:func:`batch_statement`).
     """
-    on = set(conn.scalars(_flags_query(schema)))
-    return Flags(
-        enabled=FEATURE_FLAG in on,
-        max_buckets=MAX_BUCKETS_HIGH_CONCURRENCY if HIGH_CONCURRENCY_FLAG in on else MAX_BUCKETS,
-    )
+    found = conn.execute(flags_query(schema)).one()
+    return Flags(enabled=found.enabled, max_buckets=found.max_buckets)
 
 
 @functools.lru_cache(maxsize=8)
-def _flags_query(schema: GitLabSchema) -> Select:
+def flags_query(schema: GitLabSchema) -> Select:
+    """Both flags in one row (each as :func:`feature_enabled` reads it: the boolean gate set to true)."""
     gates = schema.feature_gates
-    return select(gates.c.feature_key).where(
-        gates.c.feature_key.in_([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG]), gates.c.key == "boolean", gates.c.value == "true"
+    return select(
+        func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), False).label("enabled"),
+        case((func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG), MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
+    ).where(
+        gates.c.feature_key == any_(array([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG])),  # no expanding IN to render per batch
+        gates.c.key == "boolean", gates.c.value == "true",
     )
 
 
-def expired_in_bucket(schema: GitLabSchema, now: dt.datetime, max_buckets: int, bucket: int) -> ColumnElement[bool]:
+def expired_in_bucket(
+    schema: GitLabSchema, now: dt.datetime, max_buckets: int | ColumnElement[int], bucket: int | ColumnElement[int]
+) -> ColumnElement[bool]:
     """``expire_at < now AND file_type <> 3 AND locked = 0 AND MOD(project_id + job_id, max_buckets) = bucket``.
 
     Traces are never bulk-deleted; ``locked = 0`` (unlocked) leaves artifacts_locked (1) and unknown (2).
@@ -103,7 +107,9 @@ def hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, arti
 def deleted_object(artifact: Row, now: dt.datetime) -> dict | None:
     """The ``ci_deleted_objects`` row for a deleted artifact (``Ci::JobArtifact#to_deleted_object_attrs``).
 
-    None when the artifact names no stored file (GitLab's ``bulk_import`` skips those too).
+    None when the artifact names no stored file (GitLab's ``bulk_import`` skips those too). The batch
+    statement computes the same in SQL (:func:`deleted_objects_select`); this is the per-row
+    reference the tests compare it with (and the benchmark's per-row loop uses).
     """
     if artifact.file_final_path:
         store_dir, file = posixpath.dirname(artifact.file_final_path), posixpath.basename(artifact.file_final_path)
@@ -118,14 +124,49 @@ def deleted_object(artifact: Row, now: dt.datetime) -> dict | None:
     )
 
 
+def deleted_objects_select(artifacts: FromClause) -> Select:
+    """:func:`deleted_object` in SQL: the ``ci_deleted_objects`` rows for ``artifacts`` (the table, or the deleted rows).
+
+    Bound parameters ``earliest`` and ``latest``: the pick_up_at clamp, computed in Python
+    (``interval '1 day'`` would follow the session time zone's DST, a timedelta does not).
+    The day of the hashed path is created_at's UTC day, whatever the session time zone.
+    """
+    a = artifacts.c
+    final_path = func.nullif(a.file_final_path, "")  # Python's ``if file_final_path`` skips "" too
+    # posixpath.split: the head is everything up to the last "/", trailing slashes stripped unless it is all slashes.
+    head = func.regexp_replace(final_path, "[^/]*$", "")
+    dirname = case((head.regexp_match("^/*$"), head), else_=func.rtrim(head, "/"))
+    basename = func.regexp_replace(final_path, "^.*/", "")
+    digest = func.encode(func.sha256(func.convert_to(cast(a.project_id, Text), "UTF8")), "hex")
+    day = func.to_char(func.timezone("UTC", a.created_at), "YYYY_MM_DD")
+    hashed = func.concat_ws("/", func.substr(digest, 1, 2), func.substr(digest, 3, 2), digest, day, a.job_id, a.id)
+    has_final_path = final_path.is_not(None)
+    return select(
+        func.coalesce(a.file_store, FILE_STORE_LOCAL).label("file_store"),
+        case((has_final_path, dirname), else_=hashed).label("store_dir"),
+        case((has_final_path, basename), else_=a.file).label("file"),
+        a.project_id,
+        func.least(
+            func.greatest(a.expire_at, bindparam("earliest", type_=TIMESTAMPTZ)), bindparam("latest", type_=TIMESTAMPTZ)
+        ).label("pick_up_at"),
+    ).where(or_(has_final_path, and_(func.nullif(a.file, "").is_not(None), a.created_at.is_not(None))))
+
+
+def pick_up_at_bounds(now: dt.datetime) -> dict:
+    return {"earliest": now - PICK_UP_AT_EARLIEST, "latest": now + PICK_UP_AT_LATEST}
+
+
 @dataclass
 class DeletedBatch:
+    flags: Flags  # as the batch read them: nothing was deleted if they stop the worker
     ids: list[int]
     size: int  # bytes freed, the sum of the artifacts' ``size``
     deleted_objects: int
 
 
-def expired_batch_query(schema: GitLabSchema, bucket: int, max_buckets: int, now: dt.datetime, batch_size: int) -> Select:
+def expired_batch_query(
+    schema: GitLabSchema, bucket: int | ColumnElement[int], max_buckets: int | ColumnElement[int], now: dt.datetime, batch_size: int
+) -> Select:
     """The bucket's next ``batch_size`` expired artifacts, locked for this worker (``FOR UPDATE SKIP LOCKED``)."""
     a = schema.ci_job_artifacts
     return (
@@ -139,35 +180,54 @@ def expired_batch_query(schema: GitLabSchema, bucket: int, max_buckets: int, now
 
 
 @functools.lru_cache(maxsize=8)
-def _delete_batch_statement(schema: GitLabSchema):
-    """The batch DELETE built once, bucket, bucket count, moment and size bound per batch."""
-    a = schema.ci_job_artifacts
+def batch_statement(schema: GitLabSchema) -> Select:
+    """A whole batch in one statement, built once: read the flags, delete, record the files, report.
+
+    ``WITH flags AS (…), deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE
+    SKIP LOCKED>)) RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted)
+    SELECT enabled, max_buckets, ids, size, deleted_objects``. The candidates are gated on the flags
+    read by the same statement (feature on, bucket below max_buckets; else nothing is read or deleted),
+    so the worker stops on a flag change exactly as when it read them first. Bound per batch: bucket,
+    now, limit, and the pick_up_at bounds.
+    """
+    a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
+    flags = flags_query(schema).cte("flags")
+    bucket = bindparam("bucket", type_=Integer)
+    max_buckets = select(flags.c.max_buckets).scalar_subquery()
     picked = expired_batch_query(
-        schema, bindparam("bucket", type_=Integer), bindparam("max_buckets", type_=Integer),
-        bindparam("now", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer),
-    ).scalar_subquery()
-    return delete(a).where(a.c.id.in_(picked)).returning(
-        a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path,
-        a.c.expire_at, a.c.created_at, a.c.size,
+        schema, bucket, max_buckets, bindparam("now", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer)
+    ).where(select(flags.c.enabled).scalar_subquery(), bucket < max_buckets)
+    deleted = (
+        delete(a).where(a.c.id == any_(func.array(picked.scalar_subquery())))
+        .returning(a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path, a.c.expire_at, a.c.created_at, a.c.size)
+        .cte("deleted")
+    )
+    recorded = (
+        insert(d).from_select(["file_store", "store_dir", "file", "project_id", "pick_up_at"], deleted_objects_select(deleted))
+        .returning(d.c.id)
+        .cte("recorded")
+    )
+    return select(
+        flags.c.enabled,
+        flags.c.max_buckets,
+        select(func.array_agg(aggregate_order_by(deleted.c.id, deleted.c.id))).scalar_subquery().label("ids"),
+        select(cast(func.coalesce(func.sum(deleted.c.size), 0), BigInteger)).scalar_subquery().label("size"),
+        select(func.count()).select_from(recorded).scalar_subquery().label("deleted_objects"),
     )
 
 
-def delete_batch(engine: Engine | Connection, schema: GitLabSchema, bucket: int, max_buckets: int, now: dt.datetime, batch_size: int) -> DeletedBatch:
-    """One transaction: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
+def delete_batch(conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int) -> DeletedBatch:
+    """One statement, in the caller's transaction: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
 
     ``FOR UPDATE SKIP LOCKED`` keeps two workers (or a worker and a live GitLab) off the same rows.
     The transaction commits both or neither: a worker that dies mid-batch leaves the batch untouched.
     """
-    if isinstance(engine, Engine):
-        with engine.begin() as conn:
-            return delete_batch(conn, schema, bucket, max_buckets, now, batch_size)
-    conn = engine  # in the caller's transaction
-    params = {"bucket": bucket, "max_buckets": max_buckets, "now": now, "limit": batch_size}
-    deleted = conn.execute(_delete_batch_statement(schema), params).all()
-    objects = [o for o in (deleted_object(row, now) for row in deleted) if o is not None]
-    if objects:
-        conn.execute(insert(schema.ci_deleted_objects), objects)
-    return DeletedBatch(ids=sorted(row.id for row in deleted), size=sum(row.size or 0 for row in deleted), deleted_objects=len(objects))
+    params = {"bucket": bucket, "now": now, "limit": batch_size, **pick_up_at_bounds(now)}
+    found = conn.execute(batch_statement(schema), params).one()
+    return DeletedBatch(
+        flags=Flags(enabled=found.enabled, max_buckets=found.max_buckets),
+        ids=found.ids or [], size=found.size, deleted_objects=found.deleted_objects,
+    )
 
 
 @dataclass
@@ -199,8 +259,8 @@ def run_bucket_worker(
 ) -> WorkerResult:
     """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
 
-    The flags are read again before each batch: the worker stops early when its bucket is no
-    longer below ``max_buckets`` (a scale-down) or the feature is turned off. There is no
+    Each batch's statement reads the flags again: the worker stops early, that batch deleting nothing,
+    when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. There is no
     ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
     as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
     """
@@ -210,20 +270,23 @@ def run_bucket_worker(
         return result
     result.mod_bucket = bucket
     started = time.monotonic()
-    conn = engine.connect()  # one connection per worker; each batch one transaction, the flags read in it
-    try:
+    with engine.connect() as conn:  # one connection per worker, each batch one transaction
         while True:
+            if result.batches >= max_batches or time.monotonic() - started >= max_runtime.total_seconds():
+                with conn.begin():  # no batch left to run: the flags alone, for the stop reason and the release
+                    flags = read_flags(conn, schema)
+                result.terminated_early_due_to_scale_down = bucket >= flags.max_buckets
+                result.stopped_by_feature_flag = not result.terminated_early_due_to_scale_down and not flags.enabled
+                break
             with conn.begin():
-                flags = read_flags(conn, schema)
-                if bucket >= flags.max_buckets:
-                    result.terminated_early_due_to_scale_down = True
-                    break
-                if not flags.enabled:
-                    result.stopped_by_feature_flag = True
-                    break
-                if result.batches >= max_batches or time.monotonic() - started >= max_runtime.total_seconds():
-                    break
-                batch = delete_batch(conn, schema, bucket, flags.max_buckets, now(), batch_size)
+                batch = delete_batch(conn, schema, bucket, now(), batch_size)
+            flags = batch.flags
+            if bucket >= flags.max_buckets:
+                result.terminated_early_due_to_scale_down = True
+                break
+            if not flags.enabled:
+                result.stopped_by_feature_flag = True
+                break
             result.batches += 1
             result.destroyed_job_artifacts_count += len(batch.ids)
             result.size += batch.size
@@ -232,7 +295,5 @@ def run_bucket_worker(
             if len(batch.ids) < batch_size:
                 result.artifacts_empty = True
                 break
-    finally:
-        conn.close()
     result.released = artifact_buckets.release(client, bucket, flags.max_buckets)
     return result
