@@ -58,7 +58,9 @@ def statements(engine):
     yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
-    yield "stuck_export_jobs fail", stuck_exports.fail_stuck_statement(S, exports, NOW)
+    completed = {"ids": [r.id for r in exports], "jids": [r.jid for r in exports], "grace_cutoff": NOW - stuck_exports.EXPORT_JOBS_EXPIRATION}
+    yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S, completed)
+    yield "stuck_export_jobs fail", stuck_exports.fail_statement(S, {**completed, "now": NOW})
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
     yield "environments_auto_stop batch", auto_stop.find_batch_query(S, NOW, envs[len(envs) // 2].id, 100)
     a = S.ci_job_artifacts
@@ -85,5 +87,5 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
             checked += 1
             if scans := seq_scans(plan["Plan"]):
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
-    assert checked == 13
+    assert checked == 14
     assert failures == []

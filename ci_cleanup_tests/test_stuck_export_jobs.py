@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 
 import pytest
 import redis
@@ -39,13 +41,6 @@ def assert_failed(engine, job_id: int) -> None:
     job = row(engine, "project_export_jobs", job_id)
     assert job.status == FAILED
     assert abs(job.updated_at - utc_now()) < dt.timedelta(minutes=1)
-
-
-def stuck_in(engine, redis_client, grace_cutoff=None):
-    """The service's first read and Redis check, as the run does them for one chunk."""
-    with engine.connect() as conn:
-        candidates = service.enqueued_exports(conn, S, 0, service.CHUNK_SIZE)
-        return service.find_stuck(conn, S, redis_client, candidates, grace_cutoff or utc_now() - service.EXPORT_JOBS_EXPIRATION)
 
 
 def run_with_redis(stack, redis_url: str, queues_url: str | None = None, **kwargs):
@@ -116,20 +111,32 @@ def test_finished_and_failed_jobs_are_untouched(stack, engine, redis_client, sta
     assert op_metadata(result, REPORT)["candidates"] == 0
 
 
+def asked_sidekiq(engine, redis_client):
+    """The run's first read and Redis check for one chunk: the chunk so far and its completed jobs."""
+    with engine.connect() as conn:
+        return service.ask_sidekiq(redis_client, service.enqueued_exports(conn, S, 0, service.CHUNK_SIZE))
+
+
+def fail_completed(engine, chunk, completed):
+    """The run's statement for one chunk: re-read and fail its completed jobs."""
+    with engine.begin() as conn:
+        return service.fail_completed(conn, S, chunk, completed, utc_now() - service.EXPORT_JOBS_EXPIRATION, utc_now())
+
+
 def test_job_that_finishes_between_the_redis_check_and_the_update_is_not_failed(stack, engine, redis_client):
     finishing = export_job(engine, "jid-finishing", STARTED)
     stuck = export_job(engine, "jid-stuck", STARTED)
-    chunk = stuck_in(engine, redis_client)
-    assert [job.id for job in chunk.stuck] == [finishing, stuck]
-    with engine.begin() as conn:  # ProjectExportWorker finishes the export after our re-read
+    chunk, completed = asked_sidekiq(engine, redis_client)
+    assert [job.id for job in completed] == [finishing, stuck]
+    with engine.begin() as conn:  # ProjectExportWorker finishes the export after our Redis check
         conn.execute(update(J).where(J.c.id == finishing).values(status=FINISHED, updated_at=utc_now()))
     finished_row = row(engine, "project_export_jobs", finishing)
 
-    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+    outcome = fail_completed(engine, chunk, completed)
 
     assert row(engine, "project_export_jobs", finishing) == finished_row
     assert_failed(engine, stuck)
-    assert outcome.changed_meanwhile == [finishing]
+    assert chunk.left_meanwhile == [finishing]
     assert [job.id for job in outcome.failed] == [stuck]
 
 
@@ -146,31 +153,80 @@ def test_job_that_finishes_before_the_re_read_is_not_failed(stack, engine, redis
 
 def test_job_re_enqueued_under_a_new_jid_is_kept(stack, engine, redis_client):
     job_id = export_job(engine, "jid-old", STARTED)
-    with engine.connect() as conn:
-        candidates = service.enqueued_exports(conn, S, 0, 100)
+    chunk, completed = asked_sidekiq(engine, redis_client)
     with engine.begin() as conn:  # the export was enqueued again; the old jid's key is gone, the new one's not yet set
         conn.execute(update(J).where(J.c.id == job_id).values(jid="jid-new", status=QUEUED))
     before = row(engine, "project_export_jobs", job_id)
 
-    with engine.connect() as conn:
-        chunk = service.find_stuck(conn, S, redis_client, candidates, utc_now() - service.EXPORT_JOBS_EXPIRATION)
-    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+    outcome = fail_completed(engine, chunk, completed)
 
     assert chunk.reenqueued == [job_id] and chunk.stuck == [] and outcome.failed == []
     assert row(engine, "project_export_jobs", job_id) == before
 
 
-def test_job_re_enqueued_after_the_re_read_is_not_failed(stack, engine, redis_client):
-    job_id = export_job(engine, "jid-old", STARTED)
-    chunk = stuck_in(engine, redis_client)
+@pytest.mark.parametrize(
+    "change, counted_as",
+    [
+        ({"status": FINISHED}, "left_meanwhile"),  # ProjectExportWorker finishes it
+        ({"jid": "jid-new", "status": QUEUED}, "reenqueued"),  # it is enqueued again
+    ],
+    ids=["finished", "re-enqueued"],
+)
+def test_job_changed_while_the_update_waits_for_its_row_is_not_failed(stack, engine, redis_client, change, counted_as):
+    """The change is committed after the statement's snapshot, which still shows the job stuck: PostgreSQL re-checks the guard."""
+    changing = export_job(engine, "jid-changing", STARTED)
+    stuck = export_job(engine, "jid-stuck", STARTED)
+    chunk, completed = asked_sidekiq(engine, redis_client)
+    out = []
+    with engine.connect() as other:
+        with other.begin():  # holds the row lock until the run's statement waits for it
+            other.execute(update(J).where(J.c.id == changing).values(updated_at=utc_now(), **change))
+            thread = threading.Thread(target=lambda: out.append(fail_completed(engine, chunk, completed)))
+            thread.start()
+            wait_for_a_lock_wait(engine)
+        thread.join(60)
+    changed_row = row(engine, "project_export_jobs", changing)
+    [outcome] = out
+
+    assert (changed_row.status, changed_row.jid) == (change["status"], change.get("jid", "jid-changing"))
+    assert_failed(engine, stuck)
+    assert [job.id for job in outcome.failed] == [stuck]
+    assert getattr(chunk, counted_as) == [changing]  # the job not failed is re-read to say why
+
+
+def test_job_still_stuck_when_re_read_but_not_failed_is_reported_changed_meanwhile(stack, engine, redis_client):
+    """A job the update passes over (here a trigger skips its row, as a change and its undoing while we waited would) is not failed."""
+    skipped = export_job(engine, "jid-skipped", STARTED)
+    stuck = export_job(engine, "jid-stuck", STARTED)
+    chunk, completed = asked_sidekiq(engine, redis_client)
     with engine.begin() as conn:
-        conn.execute(update(J).where(J.c.id == job_id).values(jid="jid-new", status=QUEUED))
-    before = row(engine, "project_export_jobs", job_id)
+        conn.execute(text(f"""
+            CREATE FUNCTION skip_update() RETURNS trigger AS $$ BEGIN
+              IF NEW.id = {skipped} THEN RETURN NULL; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER skip_update BEFORE UPDATE ON project_export_jobs FOR EACH ROW EXECUTE FUNCTION skip_update();
+        """))
+    before = row(engine, "project_export_jobs", skipped)
+    try:
+        outcome = fail_completed(engine, chunk, completed)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER skip_update ON project_export_jobs; DROP FUNCTION skip_update()"))
 
-    outcome = service.fail_stuck(engine, S, chunk.stuck, utc_now())
+    assert row(engine, "project_export_jobs", skipped) == before
+    assert_failed(engine, stuck)
+    assert outcome.changed_meanwhile == [skipped]
+    assert [job.id for job in outcome.failed] == [stuck]
+    assert [job.id for job in chunk.stuck] == [stuck, skipped]
 
-    assert row(engine, "project_export_jobs", job_id) == before
-    assert outcome.changed_meanwhile == [job_id]
+
+def wait_for_a_lock_wait(engine) -> None:
+    deadline = time.monotonic() + 60
+    with engine.connect() as conn:
+        while not conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")):
+            assert time.monotonic() < deadline, "the run's statement never waited for the row"
+            time.sleep(0.05)
+            conn.rollback()  # a fresh snapshot of pg_stat_activity
 
 
 def test_parallel_export_younger_than_6_hours_is_kept_and_older_is_failed(stack, engine, redis_client):

@@ -61,7 +61,7 @@ def find_enqueued_export_jobs(
 def fail_stuck_export_jobs(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.StuckResult:
-    """Chunk by chunk: ask Sidekiq's Redis, re-read, fail each stuck job in its own transaction."""
+    """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the database refuses it)."""
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         done = len(chunk.stuck) if outcome is None else len(outcome.failed)

@@ -1,25 +1,29 @@
 """Seed 002, ``StuckExportJobsWorker``: fail project exports whose Sidekiq job is gone.
 
 The rule, without Dagster: page through queued and started export jobs by id, ask Sidekiq's Redis
-in one MGET per chunk which of their jids are completed (status key absent), re-read those rows
-(a job may have finished or been re-enqueued meanwhile), spare parallel exports still inside
-their 6-hour grace, and fail the rest one row per transaction (the seed: record-level transactions).
+in one MGET per chunk which of their jids are completed (status key absent), and fail those still
+queued or started under the same jid (a job may have finished or been re-enqueued meanwhile),
+sparing parallel exports inside their 6-hour grace. The seed re-reads the rows, then fails each in
+its own transaction; here one UPDATE per chunk carries the re-read's conditions, the jobs it did
+not fail are re-read to say why, and a chunk the database refuses is failed row by row.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
-from sqlalchemy import BigInteger, Select, String, and_, bindparam, exists, func, select, update
+from sqlalchemy import BigInteger, Integer, Select, String, Update, and_, bindparam, case, exists, func, not_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.elements import BindParameter
 
 from ..gitlab import sidekiq_status
-from ..gitlab.schema import EXPORT_FAILED, EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, utc_now
+from ..gitlab.schema import EXPORT_FAILED, EXPORT_QUEUED, EXPORT_STARTED, TIMESTAMPTZ, GitLabSchema, utc_now
 
 CHUNK_SIZE = 1000
 # GitLab's StuckExportJobsWorker::EXPORT_JOBS_EXPIRATION: a parallel export (one with relation
@@ -84,14 +88,24 @@ class StuckResult:
         self.stuck_jids += [job.jid for job in stuck[:room]]
 
 
-def enqueued_exports_query(schema: GitLabSchema, after_id: int, limit: int) -> Select:
+@functools.lru_cache(maxsize=8)
+def _prepared(schema: GitLabSchema, builder: Callable):
+    """The statement built once per schema; building and compiling it per chunk cost as much as running it."""
+    return builder(schema)
+
+
+def enqueued_exports_query(schema: GitLabSchema, after_id, limit) -> Select:
     """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit``: a keyset page on the partial id index."""
     j = schema.project_export_jobs
     return select(j.c.id, j.c.jid).where(j.c.status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
 
 
+def _page_statement(schema: GitLabSchema) -> Select:
+    return enqueued_exports_query(schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer))
+
+
 def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limit: int) -> list[Row]:
-    return conn.execute(enqueued_exports_query(schema, after_id, limit)).all()
+    return conn.execute(_prepared(schema, _page_statement), {"after_id": after_id, "limit": limit}).all()
 
 
 def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
@@ -99,42 +113,121 @@ def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
     return conn.scalar(select(func.count()).select_from(j).where(j.c.status.in_(ENQUEUED)))
 
 
+def ask_sidekiq(queues: redis.Redis, candidates: list[Row]) -> tuple[StuckChunk, list[Row]]:
+    """One MGET for the chunk: its counts so far, and the candidates whose Sidekiq job is completed."""
+    completed_jids = sidekiq_status.completed_jids(queues, [job.jid for job in candidates])
+    completed = [job for job in candidates if job.jid in completed_jids]
+    chunk = StuckChunk(candidates=len(candidates), last_id=candidates[-1].id, running=len(candidates) - len(completed))
+    return chunk, completed
+
+
+def _statement_params(values: dict | None):
+    """``bindparam`` for a statement built once and bound per chunk, or given ``values`` (to EXPLAIN it)."""
+
+    def param(key: str, type_) -> BindParameter:
+        return bindparam(key, type_=type_) if values is None else bindparam(key, values[key], type_=type_)
+
+    return param
+
+
+def _checked_and_grace(schema: GitLabSchema, param):
+    """The ``(:ids, :jids)`` pairs checked with Sidekiq, and the seed's grace for a parallel export.
+
+    The pairs are two array parameters: a literal list of 1000 pairs costs more to compile and plan than to run.
+    """
+    j, r = schema.project_export_jobs, schema.project_relation_exports
+    checked = func.unnest(param("ids", ARRAY(BigInteger)), param("jids", ARRAY(String))).table_valued("id", "jid").render_derived(name="checked")
+    # created_at first: PostgreSQL evaluates it before the subquery, which only a young job then needs.
+    in_grace = and_(j.c.created_at > param("grace_cutoff", TIMESTAMPTZ), exists().where(r.c.project_export_job_id == j.c.id))
+    return checked, in_grace
+
+
+def reread_statement(schema: GitLabSchema, values: dict | None = None) -> Select:
+    """The seed's re-read of the completed jobs: one ``outcome`` per ``(:ids, :jids)`` pair, writing nothing.
+
+    ``left`` (no longer queued or started), ``reenqueued`` (another jid owns the export now),
+    ``parallel_in_grace``, or ``stuck`` (to be failed).
+    """
+    j = schema.project_export_jobs
+    checked, in_grace = _checked_and_grace(schema, _statement_params(values))
+    outcome = case(
+        (j.c.id.is_(None), "left"),
+        (j.c.jid != checked.c.jid, "reenqueued"),
+        (in_grace, "parallel_in_grace"),
+        else_="stuck",
+    ).label("outcome")
+    return (
+        select(checked.c.id, checked.c.jid, outcome)
+        .select_from(checked.outerjoin(j, and_(j.c.id == checked.c.id, j.c.status.in_(ENQUEUED))))
+        .order_by(checked.c.id)
+    )
+
+
+def fail_statement(schema: GitLabSchema, values: dict | None = None) -> Update:
+    """Fail every ``(:ids, :jids)`` pair the re-read would call stuck, in one guarded UPDATE, ``RETURNING id``.
+
+    The re-read's rule is the UPDATE's condition (still enqueued, same jid, not a parallel export in
+    its grace): a job finished or re-enqueued after the statement's snapshot is re-checked by
+    PostgreSQL when its row lock is taken, and left as it is.
+    """
+    j = schema.project_export_jobs
+    param = _statement_params(values)
+    checked, in_grace = _checked_and_grace(schema, param)
+    return (
+        update(j)
+        .where(j.c.id == checked.c.id, j.c.jid == checked.c.jid, j.c.status.in_(ENQUEUED), not_(in_grace))
+        .values(status=EXPORT_FAILED, updated_at=param("now", TIMESTAMPTZ))
+        .returning(j.c.id)
+    )
+
+
+def _completed_params(completed: Sequence[Row], grace_cutoff: dt.datetime) -> dict:
+    return {"ids": [job.id for job in completed], "jids": [job.jid for job in completed], "grace_cutoff": grace_cutoff}
+
+
+def classify(conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: list[Row], grace_cutoff: dt.datetime) -> None:
+    """Read-only: re-read completed jobs and sort them into ``chunk`` (a dry run, a refused chunk, the jobs not failed)."""
+    if not jobs:
+        return
+    for job in conn.execute(_prepared(schema, reread_statement), _completed_params(jobs, grace_cutoff)):
+        if job.outcome == "stuck":
+            chunk.stuck.append(job)
+        else:
+            {"left": chunk.left_meanwhile, "reenqueued": chunk.reenqueued, "parallel_in_grace": chunk.parallel_in_grace}[job.outcome].append(job.id)
+
+
 def find_stuck(
     conn: Connection, schema: GitLabSchema, queues: redis.Redis, candidates: list[Row], grace_cutoff: dt.datetime
 ) -> StuckChunk:
-    """Ask Sidekiq about one chunk (one MGET), then re-read the completed ones and apply the seed's checks."""
-    chunk = StuckChunk(candidates=len(candidates), last_id=candidates[-1].id if candidates else 0)
-    completed_jids = sidekiq_status.completed_jids(queues, [job.jid for job in candidates])
-    completed = {job.id: job.jid for job in candidates if job.jid in completed_jids}
-    chunk.running = len(candidates) - len(completed)
-    if not completed:
-        return chunk
-
-    j, r = schema.project_export_jobs, schema.project_relation_exports
-    # Read again: a job may have moved from started to finished while we asked Redis.
-    reread = conn.execute(
-        select(
-            j.c.id, j.c.jid, j.c.created_at,
-            exists().where(r.c.project_export_job_id == j.c.id).label("parallel"),
-        )
-        .where(j.c.id.in_(list(completed)), j.c.status.in_(ENQUEUED))
-        .order_by(j.c.id)
-    ).all()
-    chunk.left_meanwhile = sorted(set(completed) - {job.id for job in reread})
-    for job in reread:
-        if job.jid != completed[job.id]:
-            chunk.reenqueued.append(job.id)  # a new Sidekiq job owns the export now
-        elif job.parallel and job.created_at > grace_cutoff:
-            chunk.parallel_in_grace.append(job.id)
-        else:
-            chunk.stuck.append(job)
+    """Ask Sidekiq about one chunk (one MGET), then re-read the completed ones and apply the seed's checks; writes nothing."""
+    chunk, completed = ask_sidekiq(queues, candidates)
+    classify(conn, schema, chunk, completed, grace_cutoff)
     return chunk
 
 
-def fail_export_job(engine: Engine, schema: GitLabSchema, job_id: int, jid: str, now: dt.datetime) -> bool:
+def fail_completed(
+    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime, now: dt.datetime
+) -> FailOutcome:
+    """Fail the chunk's completed jobs in one statement (all or nothing); re-read only the ones it did not fail.
+
+    Usually every completed job is stuck and failed: the chunk costs one statement, as plain SQL would.
+    The others are re-read to say why (left, re-enqueued, in grace); one still stuck when re-read was
+    changed and changed back while the update waited for it (changed meanwhile).
+    """
+    if not completed:
+        return FailOutcome()
+    failed_ids = set(conn.scalars(_prepared(schema, fail_statement), {**_completed_params(completed, grace_cutoff), "now": now}))
+    outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids])
+    classify(conn, schema, chunk, [job for job in completed if job.id not in failed_ids], grace_cutoff)
+    outcome.changed_meanwhile = [job.id for job in chunk.stuck]
+    chunk.stuck = outcome.failed + chunk.stuck
+    return outcome
+
+
+def fail_export_job(conn: Connection, schema: GitLabSchema, job_id: int, jid: str, now: dt.datetime) -> bool:
     """GitLab's ``fail_op``, in its own transaction, only if the job is still enqueued under the jid we checked."""
     j = schema.project_export_jobs
-    with engine.begin() as conn:
+    with conn.begin():
         failed = conn.execute(
             update(j)
             .where(and_(j.c.id == job_id, j.c.status.in_(ENQUEUED), j.c.jid == jid))
@@ -144,57 +237,15 @@ def fail_export_job(engine: Engine, schema: GitLabSchema, job_id: int, jid: str,
     return failed is not None
 
 
-def fail_stuck_statement(schema: GitLabSchema, stuck: list[Row], now: dt.datetime):
-    """One guarded UPDATE for a chunk: each job failed only if still enqueued under the jid we checked."""
-    j = schema.project_export_jobs
-    # The (id, jid) pairs checked, as two array parameters (a literal list of pairs is slow to plan).
-    checked = func.unnest(
-        bindparam("ids", [job.id for job in stuck], type_=ARRAY(BigInteger)), bindparam("jids", [job.jid for job in stuck], type_=ARRAY(String))
-    ).table_valued("id", "jid").render_derived(name="checked")
-    return (
-        update(j)
-        .where(j.c.id == checked.c.id, j.c.jid == checked.c.jid)
-        .where(j.c.status.in_(ENQUEUED))
-        .values(status=EXPORT_FAILED, updated_at=now)
-        .returning(j.c.id)
-    )
-
-
-def fail_stuck(
-    engine: Engine, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
-    report_error: Callable[[int, BaseException], None] = lambda job_id, error: None,
-) -> FailOutcome:
-    """Fail the chunk's stuck jobs in one statement; if the database refuses it, fail each alone.
-
-    Each row ends as the seed's record-level transactions leave it: the chunk's statement is all or
-    nothing, and when it fails (a bad row) every job is retried in its own transaction, the bad one
-    reported and the others failed (the seed's RecordInvalid case). One statement instead of one
-    transaction per row is what keeps a chunk of 1000 within reach of plain SQL.
-    """
-    if not stuck:
-        return FailOutcome()
-    try:
-        with engine.begin() as conn:
-            failed_ids = set(conn.scalars(fail_stuck_statement(schema, stuck, now)))
-    except DBAPIError as e:
-        if e.connection_invalidated:
-            raise
-        return fail_stuck_one_by_one(engine, schema, stuck, now, report_error)
-    return FailOutcome(
-        failed=[job for job in stuck if job.id in failed_ids],
-        changed_meanwhile=[job.id for job in stuck if job.id not in failed_ids],
-    )
-
-
 def fail_stuck_one_by_one(
-    engine: Engine, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
+    conn: Connection, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
     report_error: Callable[[int, BaseException], None],
 ) -> FailOutcome:
     """Fail each stuck job alone; a row that errors is reported and the others go on (the seed's RecordInvalid case)."""
     outcome = FailOutcome()
     for job in stuck:
         try:
-            failed = fail_export_job(engine, schema, job.id, job.jid, now)
+            failed = fail_export_job(conn, schema, job.id, job.jid, now)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -208,19 +259,25 @@ def fail_stuck_one_by_one(
     return outcome
 
 
-def stuck_chunks(
-    engine: Engine, schema: GitLabSchema, queues: redis.Redis, *, chunk_size: int, grace_cutoff: dt.datetime
-) -> Iterator[StuckChunk]:
-    """Every enqueued export job, ``chunk_size`` at a time by id, so a million queued rows never load at once."""
-    after_id = 0
-    while True:
-        with engine.connect() as conn:
-            candidates = enqueued_exports(conn, schema, after_id, chunk_size)
-            if not candidates:
-                return
-            chunk = find_stuck(conn, schema, queues, candidates, grace_cutoff)
-        after_id = chunk.last_id
-        yield chunk
+def fail_chunk(
+    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime, now: dt.datetime,
+    report_error: Callable[[int, BaseException], None],
+) -> FailOutcome:
+    """The chunk's statement in its own transaction; if the database refuses it (a bad row), re-read and fail each job alone.
+
+    Each row ends as the seed's record-level transactions leave it: the statement is all or
+    nothing, and when it fails every stuck job is retried in its own transaction, the bad one
+    reported and the others failed (the seed's RecordInvalid case).
+    """
+    try:
+        with conn.begin():
+            return fail_completed(conn, schema, chunk, completed, grace_cutoff, now)
+    except DBAPIError as e:
+        if e.connection_invalidated:
+            raise
+    with conn.begin():
+        classify(conn, schema, chunk, completed, grace_cutoff)
+    return fail_stuck_one_by_one(conn, schema, chunk.stuck, now, report_error)
 
 
 def mark_stuck_jobs_as_failed(
@@ -236,10 +293,23 @@ def mark_stuck_jobs_as_failed(
     report_error: Callable[[int, BaseException], None] = lambda job_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> StuckResult:
-    """The worker's ``mark_stuck_jobs_as_failed!`` over all chunks; in a dry run, find the stuck jobs and write nothing."""
+    """The worker's ``mark_stuck_jobs_as_failed!``, ``chunk_size`` jobs at a time by id (a million queued rows never
+    load at once); in a dry run, find the stuck jobs and write nothing."""
     result = StuckResult(max_ids=max_ids)
-    for chunk in stuck_chunks(engine, schema, queues, chunk_size=chunk_size, grace_cutoff=grace_cutoff):
-        outcome = None if dry_run else fail_stuck(engine, schema, chunk.stuck, now(), report_error)
-        result.add(chunk, outcome)
-        on_chunk(chunk, outcome)
-    return result
+    after_id = 0
+    with engine.connect() as conn:  # one connection for the run; no transaction open while Redis is asked
+        while True:
+            with conn.begin():
+                candidates = enqueued_exports(conn, schema, after_id, chunk_size)
+            if not candidates:
+                return result
+            chunk, completed = ask_sidekiq(queues, candidates)
+            if dry_run:
+                with conn.begin():
+                    classify(conn, schema, chunk, completed, grace_cutoff)
+                outcome = None
+            else:
+                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, now(), report_error)
+            after_id = chunk.last_id
+            result.add(chunk, outcome)
+            on_chunk(chunk, outcome)
