@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import threading
+import time
 
 import pytest
 from dagster import DagsterInstance
@@ -283,10 +285,46 @@ def test_environment_restarted_after_it_was_read_is_not_overwritten(stack, engin
         conn.execute(S.environments.update().where(S.environments.c.id == env_id).values(auto_stop_at=ago(days=-1)))
     before = row(engine, "environments", env_id)
 
-    outcome, played = service.stop_environment(engine, S, read, [], ago())
+    with engine.connect() as conn:
+        outcome, played = service.stop_environment(conn, S, read, [], ago())
 
     assert (outcome, played) == (service.CHANGED_CONCURRENTLY, [])
     assert row(engine, "environments", env_id) == before
+
+
+def test_environment_restarted_while_the_batch_statement_waits_on_it_is_not_overwritten(stack, engine):
+    """The batch is picked and changed in one statement: a restart committed after its snapshot is re-checked."""
+    plain = environment(engine)
+    app, stop = review_app(engine)
+    other = environment(engine)
+    locker = engine.connect()
+    restart = locker.begin()  # a new deployment pushes auto_stop_at of both, and holds their rows until it commits
+    locker.execute(S.environments.update().where(S.environments.c.id.in_([plain, app])).values(auto_stop_at=ago(days=-1)))
+    out = []
+    worker = threading.Thread(target=lambda: out.append(service.auto_stop_environments(engine, S)))
+    worker.start()
+    try:
+        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH batch AS%'")
+        deadline = time.monotonic() + 30
+        while True:  # a connection per look: pg_stat_activity is a snapshot for the length of a transaction
+            with engine.connect() as conn:
+                if conn.scalar(waiting):
+                    break
+            assert time.monotonic() < deadline, "the batch statement never waited on the restarted rows"
+            time.sleep(0.05)
+        restart.commit()
+    finally:
+        if restart.is_active:
+            restart.rollback()
+        locker.close()
+    worker.join(60)
+
+    [result] = out
+    assert result.ids[service.CHANGED_CONCURRENTLY] == [plain, app]
+    assert (result.ids[service.STOPPED], result.stop_actions_started) == ([other], 0)
+    assert [row(engine, "environments", i).state for i in (plain, app)] == ["available", "available"]
+    assert row(engine, "ci_builds", stop).status == "manual"  # the stop action of an environment left running is not played
+    assert ids(engine, "ci_pending_builds") == []
 
 
 @pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])

@@ -18,16 +18,19 @@ means each is seen once per run.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, Select, and_, func, select, true, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import BigInteger, ColumnElement, FromClause, Integer, Select, and_, any_, bindparam, case, func, or_, select, true, update
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
-from ..gitlab.schema import AUTO_STOP_ALWAYS, DEPLOYMENT_SUCCESS, GitLabSchema, naive_utc, utc_now
+from ..gitlab.schema import (
+    AUTO_STOP_ALWAYS, DEPLOYMENT_SUCCESS, TIMESTAMP, TIMESTAMPTZ, GitLabSchema, naive_utc, utc_now,
+)
 
 BATCH_SIZE = 100  # AutoStopService::BATCH_SIZE
 LOOP_LIMIT = 1000  # AutoStopService::LOOP_LIMIT
@@ -78,7 +81,7 @@ class AutoStopResult:
         self.errors += batch.errors[: max(0, max_ids - len(self.errors))]
 
 
-def auto_stoppable(schema: GitLabSchema, now: dt.datetime) -> ColumnElement[bool]:
+def auto_stoppable(schema: GitLabSchema, now) -> ColumnElement[bool]:
     """``Environment.auto_stoppable``: ``available.where('auto_stop_at < ?', Time.zone.now)``."""
     e = schema.environments
     return and_(e.c.state == "available", e.c.auto_stop_at < now)
@@ -88,7 +91,7 @@ def count_auto_stoppable(conn: Connection, schema: GitLabSchema, now: dt.datetim
     return conn.scalar(select(func.count()).select_from(schema.environments).where(auto_stoppable(schema, now)))
 
 
-def find_batch_query(schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> Select:
+def find_batch_query(schema: GitLabSchema, now, after_id, limit) -> Select:
     """The next ``limit`` auto-stoppable environments after ``after_id``, by id (keyset paging)."""
     e = schema.environments
     return (
@@ -103,44 +106,116 @@ def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_i
     return conn.execute(find_batch_query(schema, now, after_id, limit)).all()
 
 
-def find_stop_actions(conn: Connection, schema: GitLabSchema, environment_ids: list[int]) -> dict[int, list[Row]]:
-    """``Environment#stop_actions`` for a whole batch in one query.
+def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select:
+    """``Environment#stop_actions`` of each row of ``environments`` (anything with an ``id`` column).
 
     For each environment, its last successful deployment (``status = 2 ORDER BY id DESC LIMIT 1``,
     one index probe each through a LATERAL join), that deployment's build's pipeline, and the
     ``Ci::Build`` rows of that pipeline named by ``on_stop``.
     """
-    e, d = schema.environments, schema.deployments
+    d = schema.deployments
     deployable = schema.ci_builds.alias("deployable")
     stop_action = schema.ci_builds.alias("stop_action")
     last_deployment = (
         select(d.c.deployable_id, d.c.on_stop)
-        .where(d.c.environment_id == e.c.id, d.c.status == DEPLOYMENT_SUCCESS)
+        .where(d.c.environment_id == environments.c.id, d.c.status == DEPLOYMENT_SUCCESS)
         .order_by(d.c.id.desc())
         .limit(1)
         .lateral("last_deployment")
     )
-    rows = conn.execute(
-        select(e.c.id.label("environment_id"), stop_action.c.id, stop_action.c.status)
-        .select_from(
-            e.join(last_deployment, true())
-            .join(deployable, deployable.c.id == last_deployment.c.deployable_id)
-            .join(
-                stop_action,
-                and_(
-                    stop_action.c.commit_id == deployable.c.commit_id,
-                    stop_action.c.name == last_deployment.c.on_stop,
-                    stop_action.c.type == "Ci::Build",
-                ),
-            )
+    return select(environments.c.id.label("environment_id"), stop_action.c.id, stop_action.c.status).select_from(
+        environments.join(last_deployment, true())
+        .join(deployable, deployable.c.id == last_deployment.c.deployable_id)
+        .join(
+            stop_action,
+            and_(
+                stop_action.c.commit_id == deployable.c.commit_id,
+                stop_action.c.name == last_deployment.c.on_stop,
+                stop_action.c.type == "Ci::Build",
+            ),
         )
-        .where(e.c.id.in_(environment_ids))
-        .order_by(e.c.id, stop_action.c.id)
-    ).all()
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _find_stop_actions_statement(schema: GitLabSchema) -> Select:
+    e = schema.environments
+    query = stop_actions_query(schema, e)
+    return query.where(e.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))).order_by(*query.selected_columns[:2])
+
+
+def find_stop_actions(conn: Connection, schema: GitLabSchema, environment_ids: list[int]) -> dict[int, list[Row]]:
+    """The stop actions of a whole batch in one query, by environment id."""
     actions: dict[int, list[Row]] = {}
-    for r in rows:
+    for r in conn.execute(_find_stop_actions_statement(schema), {"ids": environment_ids}):
         actions.setdefault(r.environment_id, []).append(r)
     return actions
+
+
+@functools.lru_cache(maxsize=8)
+def stop_batch_statement(schema: GitLabSchema) -> Select:
+    """A whole batch in one statement: pick the next ``:limit`` environments after ``:after``, stop them, play their stop actions.
+
+    - ``batch``: the environments, as :func:`find_batch_query`; ``actions``: their stop actions;
+      ``planned``: what ``stop_with_actions!`` would do to each (:func:`outcome_for`);
+    - ``stopping`` / ``stopped``: ``UPDATE … WHERE id = ANY(ARRAY(planned ids)) AND <still auto-stoppable>``
+      (and ``always`` for a plain stop). An environment restarted or stopped by someone else after the
+      statement's snapshot is re-checked by PostgreSQL when its row is locked, and left as it is;
+    - ``played``: the ``manual`` stop actions of the environments that went ``stopping`` (``Ci::Build#play``),
+      re-checked the same way, and ``queued``: those joining the runners' queue (``ci_pending_builds``).
+
+    One row per environment of the batch, by id: its outcome and the stop actions played for it.
+    Built once, with ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``, ``:after`` and ``:limit`` bound per batch.
+    """
+    e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
+    now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
+    due = auto_stoppable(schema, now)
+    batch = find_batch_query(schema, now, bindparam("after", type_=BigInteger), bindparam("limit", type_=Integer)).cte("batch")
+    actions = stop_actions_query(schema, batch).cte("actions")
+    has_actions = select(actions.c.environment_id).where(actions.c.environment_id == batch.c.id).exists()
+    planned = select(
+        batch.c.id,
+        case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED).label("outcome"),
+    ).cte("planned")
+
+    def planned_ids(outcome: str):
+        return any_(func.array(select(planned.c.id).where(planned.c.outcome == outcome).scalar_subquery()))
+
+    stopping = (
+        update(e).where(e.c.id == planned_ids(STOPPING), due)
+        .values(state="stopping", updated_at=naive_now)
+        .returning(e.c.id).cte("stopping")
+    )
+    stopped = (
+        update(e).where(e.c.id == planned_ids(STOPPED), due, e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
+        .values(state="stopped", auto_stop_at=None, updated_at=naive_now)
+        .returning(e.c.id).cte("stopped")
+    )
+    to_play = select(actions.c.id).where(actions.c.environment_id.in_(select(stopping.c.id))).scalar_subquery()
+    played = (
+        update(b).where(b.c.id == any_(func.array(to_play)), b.c.status == "manual")
+        .values(status="pending", queued_at=naive_now, updated_at=naive_now, lock_version=func.coalesce(b.c.lock_version, 0) + 1)
+        .returning(b.c.id, b.c.project_id, b.c.partition_id).cte("played")
+    )
+    # A build entering `pending` joins the runners' queue (GitLab's Ci::UpdateBuildQueueService#push).
+    queued = (
+        insert(pending)
+        .from_select(["build_id", "project_id", "partition_id"], select(played.c.id, played.c.project_id, played.c.partition_id))
+        .on_conflict_do_nothing(index_elements=[pending.c.build_id])
+        .cte("queued")
+    )
+    played_for = func.array(
+        select(played.c.id).join(actions, actions.c.id == played.c.id)
+        .where(actions.c.environment_id == planned.c.id).order_by(played.c.id).scalar_subquery(),
+        type_=ARRAY(BigInteger),
+    )
+    done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
+    return (
+        select(planned.c.id, case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"), played_for.label("played"))
+        .select_from(planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id))
+        .add_cte(queued)
+        .order_by(planned.c.id)
+    )
 
 
 def outcome_for(environment: Row, stop_actions: list[Row]) -> str:
@@ -178,7 +253,7 @@ def _play(conn: Connection, schema: GitLabSchema, stop_actions: list[Row], now: 
 
 
 def stop_environment(
-    engine: Engine, schema: GitLabSchema, environment: Row, stop_actions: list[Row], now: dt.datetime
+    conn: Connection, schema: GitLabSchema, environment: Row, stop_actions: list[Row], now: dt.datetime
 ) -> tuple[str, list[int]]:
     """Stop one environment in its own transaction; returns its outcome and the stop actions played.
 
@@ -190,7 +265,7 @@ def stop_environment(
         return outcome, []
     e = schema.environments
     values = {"state": "stopping"} if outcome == STOPPING else {"state": "stopped", "auto_stop_at": None}
-    with engine.begin() as conn:
+    with conn.begin():
         changed = conn.execute(
             update(e)
             .where(e.c.id == environment.id, auto_stoppable(schema, now))
@@ -204,76 +279,65 @@ def stop_environment(
     return outcome, played
 
 
-def stop_together(
-    engine: Engine, schema: GitLabSchema, environments: list[Row], actions: dict[int, list[Row]], now: dt.datetime
-) -> BatchOutcome:
-    """The batch in one transaction: one UPDATE per outcome and one for the stop actions to play.
-
-    The same guards as :func:`stop_environment` (still auto-stoppable; ``always`` for a plain stop),
-    so each environment ends as it would alone; an environment that no longer qualifies is
-    ``changed_concurrently`` and its stop actions are not played.
-    """
-    e = schema.environments
-    outcomes = {env.id: outcome_for(env, actions.get(env.id, [])) for env in environments}
-    by_outcome = {o: [i for i, out in outcomes.items() if out == o] for o in (STOPPED, STOPPING)}
-    batch = BatchOutcome()
-    with engine.begin() as conn:
-        stopped = set(conn.scalars(
-            update(e)
-            .where(e.c.id.in_(by_outcome[STOPPED]), auto_stoppable(schema, now), e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
-            .values(state="stopped", auto_stop_at=None, updated_at=naive_utc(now))
-            .returning(e.c.id)
-        )) if by_outcome[STOPPED] else set()
-        stopping = set(conn.scalars(
-            update(e)
-            .where(e.c.id.in_(by_outcome[STOPPING]), auto_stoppable(schema, now))
-            .values(state="stopping", updated_at=naive_utc(now))
-            .returning(e.c.id)
-        )) if by_outcome[STOPPING] else set()
-        to_play = [a for env_id in sorted(stopping) for a in actions[env_id]]
-        played = set(_play(conn, schema, to_play, now)) if to_play else set()
-    for env in environments:
-        outcome = outcomes[env.id]
-        if outcome != LEFT_UNTOUCHED and env.id not in stopped | stopping:
-            outcome = CHANGED_CONCURRENTLY
-        batch.ids[outcome].append(env.id)
-        if outcome == STOPPING:
-            batch.stop_actions_started += sorted(a.id for a in actions[env.id] if a.id in played)
-    return batch
+def _read_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int):
+    with conn.begin():
+        environments = find_batch(conn, schema, now, after_id, limit)
+        return environments, find_stop_actions(conn, schema, [env.id for env in environments]) if environments else {}
 
 
-def stop_batch(
-    engine: Engine, schema: GitLabSchema, environments: list[Row], *, now: dt.datetime, dry_run: bool,
-    report_error: Callable[[int, BaseException], None],
-) -> BatchOutcome:
-    """Stop a batch together; if the database refuses the batch (a bad row), each environment alone."""
-    with engine.connect() as conn:
-        actions = find_stop_actions(conn, schema, [env.id for env in environments])
-    if not dry_run:
-        try:
-            return stop_together(engine, schema, environments, actions, now)
-        except DBAPIError as e:
-            if e.connection_invalidated:
-                raise
+def preview_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> tuple[BatchOutcome, int | None]:
+    """Dry run: what the next batch would do, read only; with the last environment id (None: no more)."""
+    environments, actions = _read_batch(conn, schema, now, after_id, limit)
     batch = BatchOutcome()
     for env in environments:
         env_actions = actions.get(env.id, [])
-        if dry_run:
-            outcome = outcome_for(env, env_actions)
-            played = [a.id for a in env_actions if a.status == "manual"] if outcome == STOPPING else []
-        else:
-            try:
-                outcome, played = stop_environment(engine, schema, env, env_actions, now)
-            except DBAPIError as e:
-                if e.connection_invalidated:
-                    raise
-                report_error(env.id, e)
-                batch.ids[FAILED].append(env.id)
-                batch.errors.append((env.id, str(getattr(e, "orig", e)).strip().splitlines()[0]))
-                continue
+        outcome = outcome_for(env, env_actions)
+        batch.ids[outcome].append(env.id)
+        if outcome == STOPPING:
+            batch.stop_actions_started += [a.id for a in env_actions if a.status == "manual"]
+    return batch, environments[-1].id if environments else None
+
+
+def stop_one_by_one(
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int,
+    report_error: Callable[[int, BaseException], None],
+) -> tuple[BatchOutcome, int | None]:
+    """The batch read again, each environment stopped in its own transaction; one the database refuses is reported."""
+    environments, actions = _read_batch(conn, schema, now, after_id, limit)
+    batch = BatchOutcome()
+    for env in environments:
+        try:
+            outcome, played = stop_environment(conn, schema, env, actions.get(env.id, []), now)
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+            report_error(env.id, e)
+            batch.ids[FAILED].append(env.id)
+            batch.errors.append((env.id, str(getattr(e, "orig", e)).strip().splitlines()[0]))
+            continue
         batch.ids[outcome].append(env.id)
         batch.stop_actions_started += played
-    return batch
+    return batch, environments[-1].id if environments else None
+
+
+def stop_next_batch(
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int,
+    report_error: Callable[[int, BaseException], None],
+) -> tuple[BatchOutcome, int | None]:
+    """The next batch in one statement; if the database refuses it (a bad row), environment by environment."""
+    params = {"now": now, "naive_now": naive_utc(now), "after": after_id, "limit": limit}
+    try:
+        with conn.begin():
+            rows = conn.execute(stop_batch_statement(schema), params).all()
+    except DBAPIError as e:
+        if e.connection_invalidated:
+            raise
+        return stop_one_by_one(conn, schema, now, after_id, limit, report_error)
+    batch = BatchOutcome()
+    for r in rows:
+        batch.ids[r.outcome].append(r.id)
+        batch.stop_actions_started += r.played
+    return batch, rows[-1].id if rows else None
 
 
 def auto_stop_environments(
@@ -293,19 +357,20 @@ def auto_stop_environments(
     """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here."""
     result = AutoStopResult()
     started, last_id = clock(), 0
-    while True:
-        if result.loops >= max_loops:
-            result.limit_reached = "loops"
-            return result
-        if result.loops and clock() - started > max_runtime.total_seconds():
-            result.limit_reached = "time"
-            return result
-        moment = now()
-        with engine.connect() as conn:
-            environments = find_batch(conn, schema, moment, last_id, batch_size)
-        if not environments:
-            return result
-        batch = stop_batch(engine, schema, environments, now=moment, dry_run=dry_run, report_error=report_error)
-        last_id = environments[-1].id
-        result.add(batch, max_ids)
-        on_batch(batch)
+    with engine.connect() as conn:  # one connection for the run, one transaction per batch
+        while True:
+            if result.loops >= max_loops:
+                result.limit_reached = "loops"
+                return result
+            if result.loops and clock() - started > max_runtime.total_seconds():
+                result.limit_reached = "time"
+                return result
+            if dry_run:
+                batch, last = preview_batch(conn, schema, now(), last_id, batch_size)
+            else:
+                batch, last = stop_next_batch(conn, schema, now(), last_id, batch_size, report_error)
+            if last is None:
+                return result
+            last_id = last
+            result.add(batch, max_ids)
+            on_batch(batch)
