@@ -58,7 +58,7 @@ def statements(engine):
     yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
-    completed = {"ids": [r.id for r in exports], "jids": [r.jid for r in exports], "grace_cutoff": NOW - stuck_exports.EXPORT_JOBS_EXPIRATION}
+    completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
     yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S, completed)
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S, {**completed, "now": NOW})
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))

@@ -229,6 +229,24 @@ def wait_for_a_lock_wait(engine) -> None:
             conn.rollback()  # a fresh snapshot of pg_stat_activity
 
 
+def test_jids_with_quotes_backslashes_commas_and_braces_are_matched_exactly(stack, engine, redis_client):
+    odd = ['a"b', "c\\d", "e,f", "{g}", " h ", "NULL", ""]
+    jobs = [export_job(engine, jid, STARTED) for jid in odd]
+    running = export_job(engine, 'i"j', STARTED)
+    in_sidekiq(redis_client, 'i"j')
+
+    with engine.connect() as conn:  # the dry run's re-read reads them back as they are
+        chunk = service.find_stuck(conn, S, redis_client, service.enqueued_exports(conn, S, 0, 100), utc_now())
+    assert [(job.id, job.jid) for job in chunk.stuck] == list(zip(jobs, odd))
+
+    result = run_job(stuck_export_jobs, stack)
+
+    for job_id in jobs:
+        assert_failed(engine, job_id)
+    assert row(engine, "project_export_jobs", running).status == STARTED
+    assert op_metadata(result, REPORT)["job_ids"] == odd
+
+
 def test_parallel_export_younger_than_6_hours_is_kept_and_older_is_failed(stack, engine, redis_client):
     young = export_job(engine, "jid-young", STARTED, created_at=ago(hours=5, minutes=50))
     old = export_job(engine, "jid-old", STARTED, created_at=ago(hours=6, minutes=10))
