@@ -62,12 +62,6 @@ def statements(engine):
     yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S, completed)
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S, {**completed, "now": NOW})
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
-    with engine.begin() as conn:  # the seed has no deployments: 20 k, so the stop-action probes meet an indexed table
-        conn.execute(text(
-            "INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_id, on_stop) "
-            "SELECT g, 1, g, 'main', md5(g::text), g % 5, g * 10, 'stop_review' FROM generate_series(1, 20000) g"
-        ))
-        conn.execute(text("ANALYZE deployments"))
     yield "environments_auto_stop batch", auto_stop.stop_batch_statement(S).params(
         now=NOW, naive_now=NOW.replace(tzinfo=None), after=envs[len(envs) // 2].id, limit=100
     )

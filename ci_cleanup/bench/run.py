@@ -192,7 +192,7 @@ Written by `ci-cleanup bench` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%
 - Work: {work:,} candidates per job and per way of doing it ({max(1000, work // 10):,} for the per-row loop);
   peak memory at 1,000 and {memory_candidates:,} candidates, of a subprocess running the job's service: its peak
   resident set (what the operator's machine sees; the process has Dagster, SQLAlchemy and the drivers loaded) and
-  the peak of the Python heap traced by tracemalloc (cyclic garbage collected after each batch).
+  the peak of the Python heap traced by tracemalloc (no collection forced between batches).
 - "raw SQL": a hand-written loop of one set-based statement per batch of the same size; "per-row": read
   each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!` style).
 - "idle run": the Dagster job executed in process on the big tables with nothing to do.

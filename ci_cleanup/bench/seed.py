@@ -1,7 +1,7 @@
 """Fill the GitLab schema fast, server-side (``INSERT … SELECT … FROM generate_series``).
 
 At ``scale=1.0``: 10 M ``ci_builds`` (1 % stuck canceling), 1 M runner machines (10 % stale),
-1 M export jobs (1 % stuck), 1 M environments (5 % past auto_stop_at) and 10 M job artifacts
+1 M export jobs (1 % stuck), 1 M environments (5 % past auto_stop_at; 2 M deployments) and 10 M job artifacts
 (10 % expired and deletable). Everything else is the mix the jobs must leave alone: finished
 builds, live runners, finished exports, stopped or not-yet-due environments, locked, unexpired
 or trace artifacts. Values are derived from the series number, so a seed is deterministic.
@@ -77,7 +77,12 @@ def insert_export_jobs(conn: Connection, n: int, every: int, now: dt.datetime) -
 
 
 def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
-    """Stopped environments, available ones without or before auto_stop_at, and review apps past it."""
+    """Stopped environments, available ones without or before auto_stop_at, and review apps past it.
+
+    Each has two deployments, the last successful one naming an ``on_stop`` action its pipeline does
+    not have, so finding an environment's stop actions reads what it would on GitLab.com.
+    """
+    before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM environments"))
     conn.execute(text("""
         INSERT INTO environments (project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at)
         SELECT 1 + g % 50000, 'review/' || g, 'review-' || g,
@@ -87,6 +92,12 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
                0, CAST(:naive AS timestamp) - make_interval(days => g % 700), CAST(:naive AS timestamp)
         FROM generate_series(1, :n) g
     """), {"n": n, "every": every, "now": now, "naive": naive_utc(now)})
+    conn.execute(text("""
+        INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_type, deployable_id, on_stop, created_at, updated_at)
+        SELECT d, project_id, id, 'review/' || id, md5(id::text), CASE d WHEN 1 THEN 2 ELSE 3 END, 'CommitStatus',
+               1 + (id * 7919 + d) % greatest(1, (SELECT max(id) FROM ci_builds)), 'stop_review', created_at AT TIME ZONE 'UTC', created_at AT TIME ZONE 'UTC'
+        FROM environments, generate_series(1, 2) d WHERE id > :before
+    """), {"before": before})
 
 
 def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
