@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--big-rows", type=int, default=10_000_000, help="second size (GitLab.com's)")
     bench.add_argument("--work", type=int, default=20_000, help="candidates per job per measurement")
     bench.add_argument("--memory-candidates", type=int, default=1_000_000, help="candidates of the big memory run")
+    bench.add_argument("--repeats", type=int, default=3, help="job and raw SQL runs on the big tables (median kept)")
     bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
     bench.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"), help="'' to skip")
     schema = sub.add_parser("schema", help="GitLab schema commands")
