@@ -69,25 +69,46 @@ def statements(engine):
     yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
         bulk_delete.expired_in_bucket(S, NOW, bulk_delete.MAX_BUCKETS, 1)
     )
-    batch = {"bucket": 1, "now": NOW, "limit": bulk_delete.BATCH_SIZE, **bulk_delete.pick_up_at_bounds(NOW)}
-    yield "schedule_bulk_delete_job_artifacts batch", bulk_delete.batch_statement(S).params(batch)
+    yield "schedule_bulk_delete_job_artifacts batch", artifact_batch(engine)
 
 
-def seq_scans(plan: dict) -> list[str]:
-    found = [plan["Relation Name"]] if plan["Node Type"] == "Seq Scan" and plan.get("Relation Name") in LARGE else []
+def artifact_batch(engine):
+    """A bucket worker's batch statement, its cursor at an expired artifact halfway through the backlog."""
+    a = S.ci_job_artifacts
+    expired = first_ids(engine, select(a.c.expire_at, a.c.id).where(a.c.expire_at < NOW, a.c.locked == 0).order_by(a.c.expire_at, a.c.id), 1000)
+    cursor = expired[len(expired) // 2]
+    return bulk_delete.batch_statement(S).params(
+        bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after_expire_at=cursor.expire_at, after_id=cursor.id,
+        **bulk_delete.pick_up_at_bounds(NOW),
+    )
+
+
+def explain(conn, statement) -> dict:
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}", compiled.params).scalar()
+    return plan["Plan"]
+
+
+def nodes(plan: dict):
+    yield plan
     for child in plan.get("Plans", []):
-        found += seq_scans(child)
-    return found
+        yield from nodes(child)
 
 
 def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
     checked, failures = 0, []
     with seeded.connect() as conn:
         for name, statement in statements(seeded):
-            compiled = statement.compile(dialect=seeded.dialect, compile_kwargs={"render_postcompile": True})
-            [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}", compiled.params).scalar()
             checked += 1
-            if scans := seq_scans(plan["Plan"]):
+            if scans := [n["Relation Name"] for n in nodes(explain(conn, statement)) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in LARGE]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
     assert checked == 14
     assert failures == []
+
+
+def test_artifact_worker_batch_starts_its_index_scan_at_its_cursor(seeded):
+    """Not at the oldest expired artifact: past the other buckets' rows and the dead rows earlier batches left, read again each batch."""
+    with seeded.connect() as conn:
+        plan = explain(conn, artifact_batch(seeded))
+    [scan] = [n for n in nodes(plan) if n.get("Index Name") == "index_ci_job_artifacts_on_expire_at_for_bulk_delete"]
+    assert "ROW(expire_at, id) > ROW(" in scan["Index Cond"]
