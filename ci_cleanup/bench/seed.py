@@ -80,7 +80,8 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
     """Stopped environments, available ones without or before auto_stop_at, and review apps past it.
 
     Each has two deployments, the last successful one naming an ``on_stop`` action its pipeline does
-    not have, so finding an environment's stop actions reads what it would on GitLab.com.
+    not have, so finding an environment's stop actions reads what it would on GitLab.com. Their builds
+    are among the newest 2 % of ci_builds: an environment due to auto-stop was deployed days ago.
     """
     before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM environments"))
     conn.execute(text("""
@@ -95,8 +96,8 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
     conn.execute(text("""
         INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_type, deployable_id, on_stop, created_at, updated_at)
         SELECT d, project_id, id, 'review/' || id, md5(id::text), CASE d WHEN 1 THEN 2 ELSE 3 END, 'CommitStatus',
-               1 + (id * 7919 + d) % greatest(1, (SELECT max(id) FROM ci_builds)), 'stop_review', created_at AT TIME ZONE 'UTC', created_at AT TIME ZONE 'UTC'
-        FROM environments, generate_series(1, 2) d WHERE id > :before
+               greatest(1, newest - (id * 7919 + d) % greatest(1, newest / 50)), 'stop_review', created_at AT TIME ZONE 'UTC', created_at AT TIME ZONE 'UTC'
+        FROM environments, generate_series(1, 2) d, (SELECT coalesce(max(id), 1) AS newest FROM ci_builds) b WHERE id > :before
     """), {"before": before})
 
 
