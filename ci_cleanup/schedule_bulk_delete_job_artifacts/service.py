@@ -277,7 +277,8 @@ def run_bucket_worker(
     """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
 
     Each batch's statement reads the flags again: the worker stops early, that batch deleting nothing,
-    when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. There is no
+    when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each
+    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no
     ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
     as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
     """
