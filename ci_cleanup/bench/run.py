@@ -216,7 +216,7 @@ Written by `ci-cleanup bench` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%
 - "batch ms": the median time of a batch on the small and the big tables; "raw SQL's ratio" is the same
   ratio for the raw SQL loop, which shows how much of the growth is PostgreSQL's own work (index probes and
   index updates on larger, less cached indexes).
-- "idle run": the Dagster job executed in process on the big tables with nothing to do, after `ANALYZE`.
+- "idle run": the Dagster job executed in process on the big tables with nothing to do, once they are analyzed.
 
 {body}
 
