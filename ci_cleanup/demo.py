@@ -11,6 +11,7 @@ import random
 
 import redis
 from sqlalchemy import insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
 from .gitlab.schema import EXPORT_FAILED, EXPORT_FINISHED, EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, gitlab_schema, naive_utc, utc_now
@@ -121,8 +122,9 @@ def seed_job_artifacts(conn: Connection, queues: redis.Redis, schema: GitLabSche
     """schedule_bulk_delete_job_artifacts: the feature flag on, 300 expired unlocked artifacts over 40 projects
     (to delete), and traces, locked, unknown-lock, never-expiring and not-yet-expired ones it must keep.
     delete_expired_artifact_files: stored files of earlier deletions, due and not yet due, local and remote."""
-    conn.execute(insert(schema.features), [dict(key="bulk_delete_job_artifacts")])
-    conn.execute(insert(schema.feature_gates), [dict(feature_key="bulk_delete_job_artifacts", key="boolean", value="true")])
+    # The flag may be on already (a second demo on the same data): seeding adds rows, never fails.
+    conn.execute(pg_insert(schema.features).on_conflict_do_nothing(), [dict(key="bulk_delete_job_artifacts")])
+    conn.execute(pg_insert(schema.feature_gates).on_conflict_do_nothing(), [dict(feature_key="bulk_delete_job_artifacts", key="boolean", value="true")])
     kinds = ["expired"] * 300 + ["trace", "locked", "unknown", "never_expires", "not_yet_expired"] * 12
     rows = []
     for i, kind in enumerate(kinds):

@@ -97,18 +97,19 @@ def _servers_of(data_dir: Path) -> list[psutil.Process]:
     return procs
 
 
-def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it(tmp_path):
+def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(tmp_path):
     data_dir = tmp_path / "dev"
-    done = subprocess.run(
-        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
-        env=clean_env(), capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for job in defs.resolve_all_job_defs():
-        if not job.name.startswith("__"):
-            assert f"{job.name:40} ok" in done.stdout
-    assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
-    assert _servers_of(data_dir) == []
+    for _ in range(2):  # the second demo seeds more rows into the data the first one left
+        done = subprocess.run(
+            [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
+            env=clean_env(), capture_output=True, text=True, timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        for job in defs.resolve_all_job_defs():
+            if not job.name.startswith("__"):
+                assert f"{job.name:40} ok" in done.stdout
+        assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
+        assert _servers_of(data_dir) == []
 
 
 def _free_port() -> int:
