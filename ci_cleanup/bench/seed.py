@@ -39,12 +39,12 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
     conn.execute(text("""
         INSERT INTO ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
                                lock_version, created_at, updated_at, started_at, finished_at, "when", allow_failure)
-        SELECT 100, 1 + g % 50000, g / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
+        SELECT 100, 1 + g % 50000, (:before + g) / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
                CASE WHEN g % :every = 0 THEN 'canceling'
                     ELSE (ARRAY['success','success','success','success','success','success','failed','canceled','skipped','manual'])[1 + (g / 7) % 10] END,
                1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END, 'on_success', false
         FROM generate_series(1, :n) g, LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g::bigint * 7919) % 31536000) AS t) x
-    """), {"n": n, "every": every, "now": naive_utc(now)})
+    """), {"n": n, "every": every, "now": naive_utc(now), "before": before})
     conn.execute(text("""
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
         SELECT id, project_id, runner_id, 1, 100 FROM ci_builds WHERE status = 'canceling' AND type = 'Ci::Build' AND id > :before
