@@ -97,20 +97,25 @@ def drop_statement(schema: GitLabSchema, expected: dict[int, int], cutoff: dt.da
     One statement: the UPDATE and the two queue DELETEs of what it dropped are data-modifying CTEs,
     so a batch costs one round trip, as plain SQL would. ``id IN`` keeps it on the primary key.
     """
-    b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
+    b = schema.ci_builds
     now = naive_utc(now)
     # The (id, lock_version) pairs read, as two array parameters: a literal list of 100 pairs would be
     # an OR of 100 branches that PostgreSQL takes longer to plan than to run.
     read = func.unnest(
         bindparam("ids", list(expected), type_=ARRAY(BigInteger)), bindparam("lock_versions", list(expected.values()), type_=ARRAY(Integer))
     ).table_valued("id", "lock_version").render_derived(name="read")
+    dropped, left_queues = _dropped(
+        schema, now, [b.c.id == read.c.id, func.coalesce(b.c.lock_version, 0) == read.c.lock_version, outdated_canceling(schema, cutoff)],
+    )
+    return select(dropped.c.id, dropped.c.runner_id).add_cte(*left_queues)
+
+
+def _dropped(schema: GitLabSchema, now, where: list):
+    """The ``dropped`` CTE (``UPDATE … SET status = 'failed' … WHERE <where> RETURNING``) and the queue DELETEs it implies."""
+    b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
     dropped = (
         update(b)
-        .where(
-            b.c.id == read.c.id,
-            func.coalesce(b.c.lock_version, 0) == read.c.lock_version,
-            outdated_canceling(schema, cutoff),
-        )
+        .where(*where)
         .values(
             status="failed",
             failure_reason=STUCK_OR_TIMEOUT_FAILURE,
@@ -118,13 +123,13 @@ def drop_statement(schema: GitLabSchema, expected: dict[int, int], cutoff: dt.da
             updated_at=now,
             lock_version=func.coalesce(b.c.lock_version, 0) + 1,
         )
-        .returning(b.c.id, b.c.runner_id)
+        .returning(b.c.id, b.c.runner_id, b.c.created_at, b.c.project_id)
         .cte("dropped")
     )
     # A build leaving `canceling` for `failed` leaves GitLab's pending and running queues too.
     left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
     left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
-    return select(dropped.c.id, dropped.c.runner_id).add_cte(left_pending, left_running)
+    return dropped, (left_pending, left_running)
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,32 +142,18 @@ def find_and_drop_statement(schema: GitLabSchema) -> Select:
     still a candidate is dropped in its new version (GitLab's lock retry). The queue DELETEs are
     data-modifying CTEs. Built once, with ``:cutoff``, ``:now`` and ``:limit`` bound per batch.
     """
-    b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
+    b = schema.ci_builds
     cutoff, now = bindparam("cutoff", type_=TIMESTAMP), bindparam("now", type_=TIMESTAMP)
     candidate = outdated_canceling(schema, cutoff)
     picked = (
         select(b.c.id).where(candidate).order_by(b.c.created_at, b.c.project_id, b.c.id)
         .limit(bindparam("limit", type_=Integer)).scalar_subquery()
     )
-    dropped = (
-        update(b)
-        .where(b.c.id == any_(func.array(picked)), candidate)
-        .values(
-            status="failed",
-            failure_reason=STUCK_OR_TIMEOUT_FAILURE,
-            finished_at=func.coalesce(b.c.finished_at, now),
-            updated_at=now,
-            lock_version=func.coalesce(b.c.lock_version, 0) + 1,
-        )
-        .returning(b.c.id, b.c.runner_id, b.c.created_at, b.c.project_id)
-        .cte("dropped")
-    )
-    left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
-    left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
+    dropped, left_queues = _dropped(schema, now, [b.c.id == any_(func.array(picked)), candidate])
     # The seed logs the status the build was read in: a dropped build was canceling.
     return (
         select(dropped.c.id, dropped.c.runner_id, literal("canceling").label("status"))
-        .add_cte(left_pending, left_running)
+        .add_cte(*left_queues)
         .order_by(dropped.c.created_at, dropped.c.project_id, dropped.c.id)
     )
 
