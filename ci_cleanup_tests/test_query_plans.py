@@ -59,8 +59,8 @@ def statements(engine):
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
     completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
-    yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S, completed)
-    yield "stuck_export_jobs fail", stuck_exports.fail_statement(S, {**completed, "now": NOW})
+    yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
+    yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
     yield "environments_auto_stop batch", auto_stop.stop_batch_statement(S).params(
         now=NOW, naive_now=NOW.replace(tzinfo=None), after=envs[len(envs) // 2].id, limit=100
@@ -84,8 +84,8 @@ def artifact_batch(engine):
 
 
 def explain(conn, statement) -> dict:
-    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}", compiled.params).scalar()
+    expanded = statement.compile(dialect=conn.dialect).construct_expanded_state()  # IN lists rendered, .params() kept
+    [plan] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {expanded.statement}", expanded.parameters).scalar()
     return plan["Plan"]
 
 

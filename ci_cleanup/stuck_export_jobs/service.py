@@ -20,7 +20,6 @@ from sqlalchemy import BigInteger, Integer, Select, String, and_, bindparam, cas
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql.elements import BindParameter
 
 from ..gitlab import sidekiq_status
 from ..gitlab.schema import EXPORT_FAILED, EXPORT_QUEUED, EXPORT_STARTED, TIMESTAMPTZ, GitLabSchema, utc_now
@@ -88,24 +87,20 @@ class StuckResult:
         self.stuck_jids += [job.jid for job in stuck[:room]]
 
 
-@functools.lru_cache(maxsize=8)
-def _prepared(schema: GitLabSchema, builder: Callable):
-    """The statement built once per schema; building and compiling it per chunk cost as much as running it."""
-    return builder(schema)
-
-
 def enqueued_exports_query(schema: GitLabSchema, after_id, limit) -> Select:
     """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit``: a keyset page on the partial id index."""
     j = schema.project_export_jobs
     return select(j.c.id, j.c.jid).where(j.c.status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
 
 
+@functools.lru_cache(maxsize=8)
 def _page_statement(schema: GitLabSchema) -> Select:
+    """The page built once, bound per chunk: building and compiling a statement per chunk cost as much as running it."""
     return enqueued_exports_query(schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer))
 
 
 def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limit: int) -> list[Row]:
-    return conn.execute(_prepared(schema, _page_statement), {"after_id": after_id, "limit": limit}).all()
+    return conn.execute(_page_statement(schema), {"after_id": after_id, "limit": limit}).all()
 
 
 def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
@@ -121,37 +116,29 @@ def ask_sidekiq(queues: redis.Redis, candidates: list[Row]) -> tuple[StuckChunk,
     return chunk, completed
 
 
-def _statement_params(values: dict | None):
-    """``bindparam`` for a statement built once and bound per chunk, or given ``values`` (to EXPLAIN it)."""
-
-    def param(key: str, type_) -> BindParameter:
-        return bindparam(key, type_=type_) if values is None else bindparam(key, values[key], type_=type_)
-
-    return param
-
-
-def _checked_and_grace(schema: GitLabSchema, param):
+def _checked_and_grace(schema: GitLabSchema):
     """The ``(:ids, :jids)`` pairs checked with Sidekiq, and the seed's grace for a parallel export.
 
     The pairs are two array literals (see completed_params): a list of 1000 pairs costs more to
     send, compile and plan than to run.
     """
     j, r = schema.project_export_jobs, schema.project_relation_exports
-    ids, jids = cast(param("ids", String), ARRAY(BigInteger)), cast(param("jids", String), ARRAY(String))
+    ids, jids = cast(bindparam("ids", type_=String), ARRAY(BigInteger)), cast(bindparam("jids", type_=String), ARRAY(String))
     checked = func.unnest(ids, jids).table_valued("id", "jid").render_derived(name="checked")
     # created_at first: PostgreSQL evaluates it before the subquery, which only a young job then needs.
-    in_grace = and_(j.c.created_at > param("grace_cutoff", TIMESTAMPTZ), exists().where(r.c.project_export_job_id == j.c.id))
+    in_grace = and_(j.c.created_at > bindparam("grace_cutoff", type_=TIMESTAMPTZ), exists().where(r.c.project_export_job_id == j.c.id))
     return checked, in_grace
 
 
-def reread_statement(schema: GitLabSchema, values: dict | None = None) -> Select:
+@functools.lru_cache(maxsize=8)
+def reread_statement(schema: GitLabSchema) -> Select:
     """The seed's re-read of the completed jobs: one ``outcome`` per ``(:ids, :jids)`` pair, writing nothing.
 
     ``left`` (no longer queued or started), ``reenqueued`` (another jid owns the export now),
     ``parallel_in_grace``, or ``stuck`` (to be failed).
     """
     j = schema.project_export_jobs
-    checked, in_grace = _checked_and_grace(schema, _statement_params(values))
+    checked, in_grace = _checked_and_grace(schema)
     outcome = case(
         (j.c.id.is_(None), "left"),
         (j.c.jid != checked.c.jid, "reenqueued"),
@@ -165,7 +152,8 @@ def reread_statement(schema: GitLabSchema, values: dict | None = None) -> Select
     )
 
 
-def fail_statement(schema: GitLabSchema, values: dict | None = None) -> Select:
+@functools.lru_cache(maxsize=8)
+def fail_statement(schema: GitLabSchema) -> Select:
     """Fail every ``(:ids, :jids)`` pair the re-read would call stuck, in one guarded UPDATE; one row, the failed ids.
 
     The re-read's rule is the UPDATE's condition (still enqueued, same jid, not a parallel export in
@@ -174,12 +162,11 @@ def fail_statement(schema: GitLabSchema, values: dict | None = None) -> Select:
     (``NULL`` if none), not a row each.
     """
     j = schema.project_export_jobs
-    param = _statement_params(values)
-    checked, in_grace = _checked_and_grace(schema, param)
+    checked, in_grace = _checked_and_grace(schema)
     failed = (
         update(j)
         .where(j.c.id == checked.c.id, j.c.jid == checked.c.jid, j.c.status.in_(ENQUEUED), not_(in_grace))
-        .values(status=EXPORT_FAILED, updated_at=param("now", TIMESTAMPTZ))
+        .values(status=EXPORT_FAILED, updated_at=bindparam("now", type_=TIMESTAMPTZ))
         .returning(j.c.id)
         .cte("failed")
     )
@@ -202,7 +189,7 @@ def classify(conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: li
     """Read-only: re-read completed jobs and sort them into ``chunk`` (a dry run, a refused chunk, the jobs not failed)."""
     if not jobs:
         return
-    for job in conn.execute(_prepared(schema, reread_statement), completed_params(jobs, grace_cutoff)):
+    for job in conn.execute(reread_statement(schema), completed_params(jobs, grace_cutoff)):
         if job.outcome == "stuck":
             chunk.stuck.append(job)
         else:
@@ -229,7 +216,7 @@ def fail_completed(
     """
     if not completed:
         return FailOutcome()
-    failed_ids = set(conn.scalar(_prepared(schema, fail_statement), {**completed_params(completed, grace_cutoff), "now": now}) or ())
+    failed_ids = set(conn.scalar(fail_statement(schema), {**completed_params(completed, grace_cutoff), "now": now}) or ())
     outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids])
     classify(conn, schema, chunk, [job for job in completed if job.id not in failed_ids], grace_cutoff)
     outcome.changed_meanwhile = [job.id for job in chunk.stuck]
