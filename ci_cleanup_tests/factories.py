@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
 
 from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, utc_now
@@ -61,3 +62,17 @@ def ids(engine: Engine, table: str, *where) -> list[int]:
     t = S.metadata.tables[table]
     with engine.connect() as conn:
         return list(conn.scalars(select(t.c.id).where(*where).order_by(t.c.id)))
+
+
+def backend_waiting_on_lock(engine: Engine, query_like: str = "%") -> int:
+    """The pid of a backend (not ours) waiting for a lock, running a query ``LIKE query_like``, within 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:  # a connection per look: pg_stat_activity is a snapshot per transaction
+            pid = conn.scalar(text(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE :q LIMIT 1"
+            ), {"q": query_like})
+        if pid:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError("no backend ever waited on the lock")

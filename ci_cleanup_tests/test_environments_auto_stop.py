@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
-import time
 
 import pytest
 from dagster import DagsterInstance
@@ -22,7 +21,7 @@ from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
 from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.runs import DRY_RUN_TAG
 
-from .factories import S, ago, create, ids, naive_ago, row
+from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row
 from .runner import op_metadata, run_job
 
 LEASE = PREFIX + LEASE_KEY
@@ -304,14 +303,7 @@ def test_environment_restarted_while_the_batch_statement_waits_on_it_is_not_over
     worker = threading.Thread(target=lambda: out.append(service.auto_stop_environments(engine, S)))
     worker.start()
     try:
-        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH batch AS%'")
-        deadline = time.monotonic() + 30
-        while True:  # a connection per look: pg_stat_activity is a snapshot for the length of a transaction
-            with engine.connect() as conn:
-                if conn.scalar(waiting):
-                    break
-            assert time.monotonic() < deadline, "the batch statement never waited on the restarted rows"
-            time.sleep(0.05)
+        backend_waiting_on_lock(engine, "WITH batch AS%")  # the batch statement waits on the restarted rows
         restart.commit()
     finally:
         if restart.is_active:

@@ -39,7 +39,7 @@ from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_c
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .conftest import scratch_database_of
-from .factories import ago, create, naive_ago, row
+from .factories import ago, backend_waiting_on_lock, create, naive_ago, row
 from .runner import op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,20 +107,6 @@ def failure_messages(result) -> str:
             messages.append(error.message)
             error = error.cause
     return "\n".join(messages)
-
-
-def backend_waiting_on_lock(engine, application_name_hint: str = "") -> int:
-    """The pid of a backend (not ours) waiting for a lock, within 60 s."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with engine.connect() as conn:
-            pid = conn.scalar(text(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() LIMIT 1"
-            ))
-        if pid:
-            return pid
-        time.sleep(0.1)
-    raise AssertionError("no backend ever waited on the lock")
 
 
 def run_in_thread(job, stack, **kwargs) -> tuple[threading.Thread, list]:

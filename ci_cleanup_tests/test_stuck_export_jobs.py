@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 
 import pytest
 import redis
@@ -18,7 +17,7 @@ from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
-from .factories import S, ago, create, ids, row
+from .factories import S, ago, backend_waiting_on_lock, create, ids, row
 from .runner import op_metadata, run_job
 
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
@@ -183,7 +182,7 @@ def test_job_changed_while_the_update_waits_for_its_row_is_not_failed(stack, eng
             other.execute(update(J).where(J.c.id == changing).values(updated_at=utc_now(), **change))
             thread = threading.Thread(target=lambda: out.append(fail_completed(engine, chunk, completed)))
             thread.start()
-            wait_for_a_lock_wait(engine)
+            backend_waiting_on_lock(engine)
         thread.join(60)
     changed_row = row(engine, "project_export_jobs", changing)
     [outcome] = out
@@ -218,15 +217,6 @@ def test_job_still_stuck_when_re_read_but_not_failed_is_reported_changed_meanwhi
     assert outcome.changed_meanwhile == [skipped]
     assert [job.id for job in outcome.failed] == [stuck]
     assert [job.id for job in chunk.stuck] == [stuck, skipped]
-
-
-def wait_for_a_lock_wait(engine) -> None:
-    deadline = time.monotonic() + 60
-    with engine.connect() as conn:
-        while not conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")):
-            assert time.monotonic() < deadline, "the run's statement never waited for the row"
-            time.sleep(0.05)
-            conn.rollback()  # a fresh snapshot of pg_stat_activity
 
 
 def test_jids_with_quotes_backslashes_commas_and_braces_are_matched_exactly(stack, engine, redis_client):
