@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -13,8 +17,21 @@ from ci_cleanup.gitlab.schema import create_schema, gitlab_schema
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    with EmbeddedStack(tmp_path_factory.mktemp("stack")) as stack:
+def servers_dir():
+    """Where this session's embedded servers keep their data: not under pytest's ``/tmp/pytest-of-<user>``.
+
+    As root, pgserver runs PostgreSQL as another user, which must traverse the data folder's parents;
+    any other pytest run on the machine resets ``/tmp/pytest-of-root`` to 0700 and would stop it.
+    """
+    path = Path(tempfile.mkdtemp(prefix="ci_cleanup_tests_"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack(servers_dir):
+    with EmbeddedStack(servers_dir / "stack") as stack:
         engine = create_engine(stack.url())
         create_schema(engine)
         engine.dispose()

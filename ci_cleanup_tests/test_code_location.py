@@ -97,8 +97,8 @@ def _servers_of(data_dir: Path) -> list[psutil.Process]:
     return procs
 
 
-def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(tmp_path):
-    data_dir = tmp_path / "dev"
+def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(servers_dir):
+    data_dir = servers_dir / "demo"
     for _ in range(2):  # the second demo seeds more rows into the data the first one left
         done = subprocess.run(
             [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
@@ -118,8 +118,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_everything(tmp_path):
-    data_dir, port = tmp_path / "dev", _free_port()
+def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_everything(servers_dir):
+    data_dir, port = servers_dir / "dev", _free_port()
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,

@@ -50,8 +50,8 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory):
-    with EmbeddedStack(tmp_path_factory.mktemp("faults")) as stack:
+def faults(servers_dir):
+    with EmbeddedStack(servers_dir / "faults") as stack:
         engine = create_engine(stack.url())
         create_schema(engine)
         engine.dispose()

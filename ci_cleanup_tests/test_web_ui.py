@@ -31,9 +31,9 @@ if not os.path.exists(CHROMIUM):
 
 
 @pytest.fixture(scope="module")
-def dev_ui(tmp_path_factory):
+def dev_ui(servers_dir):
     """`ci-cleanup dev` on a seeded embedded stack; yields the UI's base URL, then stops it as Ctrl-C would."""
-    data_dir, port = tmp_path_factory.mktemp("ui") / "dev", _free_port()
+    data_dir, port = servers_dir / "ui" / "dev", _free_port()
     subprocess.run([BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True)
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
