@@ -33,9 +33,9 @@ gitlab_tables = [
 def resources() -> dict:
     """Resources from the environment; secrets stay in env vars and never enter run config."""
     return {
-        "gitlab_db": GitLabDatabase(url=EnvVar("CI_CLEANUP_DATABASE_URL")),
+        # url defaults to EnvVar("CI_CLEANUP_DATABASE_URL") / EnvVar("CI_CLEANUP_REDIS_URL") in the class.
+        "gitlab_db": GitLabDatabase(),
         "gitlab_redis": GitLabRedis(
-            url=EnvVar("CI_CLEANUP_REDIS_URL"),
             queues_url=EnvVar("CI_CLEANUP_REDIS_QUEUES_URL") if os.environ.get("CI_CLEANUP_REDIS_QUEUES_URL") else None,
         ),
         "run_options": RunOptions(),

@@ -10,13 +10,13 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from .gitlab.schema import GitLabSchema, gitlab_schema
+from .gitlab.schema import GitLabSchema, detect_tables
 
 
 class ServiceUnavailable(RuntimeError):
@@ -54,17 +54,31 @@ def redact_redis_url(url: str) -> str:
 
 
 class GitLabDatabase(ConfigurableResource):
-    """GitLab's main database (``CI_CLEANUP_DATABASE_URL``)."""
+    """GitLab's main database (``CI_CLEANUP_DATABASE_URL``).
 
-    url: str = Field(description="SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed")
+    The URL defaults to the environment variable (the config shows its name, never its value), so
+    another field can be set in the Launchpad without repeating ``url``.
+    """
+
+    url: str = Field(
+        default=EnvVar("CI_CLEANUP_DATABASE_URL"),
+        description="SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed",
+    )
     statement_timeout_seconds: int = Field(
         default=15, ge=1, le=600, description="Every statement's limit (GitLab.com applies 15 s)"
     )
     pool_size: int = Field(default=2, ge=1, le=20)
-    builds_table: str = Field(default="ci_builds", description="Physical table of builds (a p_ci_builds partition)")
-    job_artifacts_table: str = Field(default="ci_job_artifacts", description="Physical table of job artifacts")
+    builds_table: str | None = Field(
+        default=None,
+        description="Builds table; unset: p_ci_builds if it exists (every partition), else the flat ci_builds",
+    )
+    job_artifacts_table: str | None = Field(
+        default=None,
+        description="Job artifacts table; unset: p_ci_job_artifacts if it exists, else the flat ci_job_artifacts",
+    )
 
     _engine: Engine | None = PrivateAttr(default=None)
+    _tables: GitLabSchema | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         url = database_url(self.url)
@@ -98,7 +112,7 @@ class GitLabDatabase(ConfigurableResource):
 
         try:
             with self._engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+                self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
         except (SQLAlchemyError, DatabaseUnavailable) as e:
             self._engine.dispose()
             raise ServiceUnavailable(
@@ -117,7 +131,9 @@ class GitLabDatabase(ConfigurableResource):
 
     @property
     def schema(self) -> GitLabSchema:
-        return gitlab_schema(self.builds_table, self.job_artifacts_table)
+        """GitLab's tables as this database has them (:func:`~ci_cleanup.gitlab.schema.detect_tables`)."""
+        assert self._tables is not None, "GitLabDatabase used outside a run"
+        return self._tables
 
 
 def _named(server: str | None, error: Exception) -> Exception:
@@ -171,7 +187,7 @@ def _redis_client(url: str, what: str) -> redis.Redis:
 class GitLabRedis(ConfigurableResource):
     """GitLab's SharedState Redis (leases, buckets) and, optionally, its Sidekiq Redis (job status keys)."""
 
-    url: str = Field(description="redis://… or unix://… (GitLab's SharedState)")
+    url: str = Field(default=EnvVar("CI_CLEANUP_REDIS_URL"), description="redis://… or unix://… (GitLab's SharedState)")
     queues_url: str | None = Field(default=None, description="Sidekiq's Redis, if not the same server")
 
     _shared_state: redis.Redis | None = PrivateAttr(default=None)

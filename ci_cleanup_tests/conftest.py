@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from ci_cleanup.devstack import EmbeddedStack
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema
+from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all
 
 
 @pytest.fixture(scope="session")
@@ -48,9 +48,8 @@ def _engine(stack):
 @pytest.fixture
 def engine(_engine):
     """The GitLab database, emptied before the test."""
-    names = ", ".join(f'"{t.name}"' for t in gitlab_schema().metadata.sorted_tables)
     with _engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+        truncate_all(conn, gitlab_schema())
     return _engine
 
 

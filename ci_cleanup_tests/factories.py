@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import itertools
 import time
 import uuid
 
@@ -24,42 +26,75 @@ def naive_ago(**delta) -> dt.datetime:
     return naive_utc(ago(**delta))
 
 
+# Builds and artifacts are spread over GitLab's partitions 100 (ci_builds / ci_job_artifacts), 101 and 102
+# (gitlab_partitions_dynamic), so every test meets more than one partition.
+PARTITIONS = (100, 101, 102)
+# Artifact file types other than trace (3): with the partition, they keep GitLab's unique index
+# (job_id, file_type, partition_id) satisfied when a test makes many artifacts of one job.
+FILE_TYPES = tuple(t for t in range(1, 31) if t != 3)
+# Instance (1, no sharding key), group (2) and project (3) runner machines: ci_runner_machines' three partitions.
+RUNNER_TYPES = (1, 2, 3)
+_serial = itertools.count()
+
+TABLES = {f.name: getattr(S, f.name) for f in dataclasses.fields(S) if f.name != "metadata"}
+
+
 def _defaults(table: str) -> dict:
-    now, naive_now = utc_now(), naive_utc(utc_now())
+    now, naive_now, n = utc_now(), naive_utc(utc_now()), next(_serial)
     return {
         "ci_builds": {
-            "partition_id": 100, "project_id": 1, "commit_id": 1, "name": "rspec", "type": "Ci::Build",
+            "partition_id": PARTITIONS[n % 3], "project_id": 1, "commit_id": 1, "name": "rspec", "type": "Ci::Build",
             "status": "canceling", "lock_version": 0, "created_at": naive_now, "updated_at": naive_now, "runner_id": 7,
         },
         "ci_runner_machines": {
-            "runner_id": 1, "system_xid": uuid.uuid4().hex[:12], "runner_type": 1, "created_at": now, "updated_at": now,
+            "runner_id": 1, "system_xid": uuid.uuid4().hex[:12], "runner_type": RUNNER_TYPES[n % 3],
+            "sharding_key_id": None if n % 3 == 0 else 1, "created_at": now, "updated_at": now,
         },
-        "project_export_jobs": {"project_id": 1, "status": 0, "jid": uuid.uuid4().hex[:24], "created_at": now, "updated_at": now},
-        "project_relation_exports": {"relation": "issues", "status": 0, "created_at": now, "updated_at": now},
-        "environments": {"project_id": 1, "name": "review/x", "slug": "review-x", "state": "available", "created_at": naive_now, "updated_at": naive_now},
-        "deployments": {"iid": 1, "project_id": 1, "ref": "main", "sha": "a" * 40, "status": 2, "deployable_type": "CommitStatus", "created_at": now, "updated_at": now},
-        "ci_job_artifacts": {"partition_id": 100, "project_id": 1, "job_id": 1, "file_type": 1, "size": 1024, "file": "artifacts.zip", "file_store": 1, "locked": 0, "created_at": now, "updated_at": now},
+        "project_export_jobs": {
+            "project_id": 1, "status": 0, "jid": uuid.uuid4().hex[:24], "created_at": now, "updated_at": now,
+        },
+        "project_relation_exports": {"relation": f"issues_{n}", "status": 0, "created_at": now, "updated_at": now},
+        "environments": {
+            "project_id": 1, "name": f"review/x-{n}", "slug": f"review-x-{n}", "state": "available",
+            "created_at": naive_now, "updated_at": naive_now,
+        },
+        "deployments": {
+            "iid": n + 1, "project_id": 1, "ref": "main", "tag": False, "sha": "a" * 40, "status": 2,
+            "deployable_type": "CommitStatus", "created_at": naive_now, "updated_at": naive_now,
+        },
+        "ci_job_artifacts": {
+            "partition_id": PARTITIONS[n % 3], "file_type": FILE_TYPES[n // 3 % len(FILE_TYPES)], "project_id": 1,
+            "job_id": 1, "size": 1024, "file": "artifacts.zip", "file_store": 1, "locked": 0,
+            "created_at": now, "updated_at": now,
+        },
         "ci_pending_builds": {"project_id": 1},
         "ci_running_builds": {"project_id": 1, "runner_id": 7, "runner_type": 1},
-        "feature_gates": {"key": "boolean", "value": "true"},
+        "features": {"created_at": naive_now, "updated_at": naive_now},
+        "feature_gates": {"key": "boolean", "value": "true", "created_at": naive_now, "updated_at": naive_now},
     }.get(table, {})
 
 
 def create(engine: Engine, table: str, **values) -> int:
-    """Insert one row of ``table`` and return its id."""
-    t = S.metadata.tables[table]
+    """Insert one row of ``table`` (GitLab's triggers assign ids) and return its id.
+
+    A queue row (``ci_pending_builds``, ``ci_running_builds``) takes its build's partition_id, as GitLab's do.
+    """
+    t = TABLES[table]
     with engine.begin() as conn:
+        if table in ("ci_pending_builds", "ci_running_builds") and "partition_id" not in values:
+            b = S.ci_builds
+            values["partition_id"] = conn.scalar(select(b.c.partition_id).where(b.c.id == values["build_id"])) or 100
         return conn.execute(insert(t).values({**_defaults(table), **values}).returning(t.c.id)).scalar_one()
 
 
 def row(engine: Engine, table: str, id: int):
-    t = S.metadata.tables[table]
+    t = TABLES[table]
     with engine.connect() as conn:
         return conn.execute(select(t).where(t.c.id == id)).one_or_none()
 
 
 def ids(engine: Engine, table: str, *where) -> list[int]:
-    t = S.metadata.tables[table]
+    t = TABLES[table]
     with engine.connect() as conn:
         return list(conn.scalars(select(t.c.id).where(*where).order_by(t.c.id)))
 

@@ -33,7 +33,7 @@ from ci_cleanup.drop_canceling_builds import job as drop_job
 from ci_cleanup.environments_auto_stop import job as env_job
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
 from ci_cleanup.gitlab.exclusive_lease import PREFIX as LEASE_PREFIX
-from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, utc_now
+from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, truncate_all, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts import job as artifacts_job
 from ci_cleanup.stale_runner_machines_cleanup import job as stale_job
 from ci_cleanup.stuck_export_jobs import job as export_job
@@ -184,10 +184,9 @@ class Scenario:
 
 
 def reset(engine: Engine, client) -> None:
-    names = ", ".join(f'"{t.name}"' for t in gitlab_schema().metadata.sorted_tables)
     client.flushdb()  # this Redis db only: other series use others
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {names}, reliability_audit RESTART IDENTITY"))
+        truncate_all(conn, gitlab_schema(), also=("reliability_audit",))
 
 
 def _sort(state: State, row_id: int, is_done: bool, is_untouched: bool, what: Any) -> None:
@@ -212,12 +211,12 @@ class DropCancelingBuilds(Scenario):
     def seed(self, conn, client, n):
         old, recent = naive_utc(utc_now() - dt.timedelta(hours=2)), naive_utc(utc_now() - dt.timedelta(minutes=5))
         insert = (
-            "INSERT INTO ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at, runner_id) "
+            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at, runner_id) "
             "SELECT 100, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), :updated, 7 "
             "FROM generate_series(1, :n) g"
         )
         conn.execute(text(insert), dict(status="canceling", created=old, updated=old, n=n))
-        queued = "SELECT id, project_id FROM ci_builds WHERE id <= :n AND name = 'rspec'"
+        queued = "SELECT id, project_id FROM p_ci_builds WHERE id <= :n AND name = 'rspec'"
         conn.execute(text(f"INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type) SELECT id, project_id, 7, 1 FROM ({queued}) b"), dict(n=n))
         conn.execute(text(f"INSERT INTO ci_pending_builds (build_id, project_id) {queued}"), dict(n=n))
         conn.execute(text(insert), dict(status="canceling", created=old, updated=recent, n=KEEPERS))  # updated recently
@@ -231,7 +230,7 @@ class DropCancelingBuilds(Scenario):
             "SELECT b.id, b.status, b.lock_version, b.failure_reason, b.finished_at IS NOT NULL AS finished, "
             "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = b.id) AS pending, "
             "EXISTS (SELECT 1 FROM ci_running_builds r WHERE r.build_id = b.id) AS running "
-            "FROM ci_builds b WHERE b.id IN :ids"
+            "FROM p_ci_builds b WHERE b.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         state = State()
         rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
@@ -246,15 +245,15 @@ class DropCancelingBuilds(Scenario):
         # A user cancels the build (canceled), or the runner reports on it (touched: no longer outdated).
         now = naive_utc(utc_now())
         if rng.random() < 0.5:
-            sql = "UPDATE ci_builds SET status = 'canceled', finished_at = :now, updated_at = :now, lock_version = lock_version + 1"
+            sql = "UPDATE p_ci_builds SET status = 'canceled', finished_at = :now, updated_at = :now, lock_version = lock_version + 1"
         else:
-            sql = "UPDATE ci_builds SET updated_at = :now, lock_version = lock_version + 1"
+            sql = "UPDATE p_ci_builds SET updated_at = :now, lock_version = lock_version + 1"
         query = text(sql + " WHERE id IN :ids AND status = 'canceling' RETURNING id, status, lock_version, updated_at").bindparams(
             bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": now, "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, status, lock_version, updated_at FROM ci_builds WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, status, lock_version, updated_at FROM p_ci_builds WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
@@ -375,7 +374,7 @@ class EnvironmentsAutoStop(Scenario):
         conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive, a=n + 1, b=n + KEEPERS))
         conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive, a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
         build = (
-            "INSERT INTO ci_builds (id, partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
+            "INSERT INTO p_ci_builds (id, partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
             "SELECT :offset + g, 100, 1, 10000 + g, :name, 'Ci::Build', :status, 0, :naive, :naive FROM generate_series(1, :n) g WHERE g % 2 = 1"
         )
         conn.execute(text(build), dict(offset=DEPLOYABLE, name="deploy", status="success", naive=naive, n=n))
@@ -393,7 +392,7 @@ class EnvironmentsAutoStop(Scenario):
         query = text(
             "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, s.queued_at IS NOT NULL AS queued, "
             "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending "
-            "FROM environments e LEFT JOIN ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+            "FROM environments e LEFT JOIN p_ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION})}
         envs = _rows(conn, "environments", ids)
@@ -425,7 +424,7 @@ class EnvironmentsAutoStop(Scenario):
         # The environment as written, and its stop action never played.
         query = text(
             "SELECT e.id, e.state, e.auto_stop_at, s.status, s.lock_version FROM environments e "
-            "LEFT JOIN ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+            "LEFT JOIN p_ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         found = {}
         for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION}):
@@ -450,7 +449,7 @@ class BulkDeleteJobArtifacts(Scenario):
         now = utc_now()
         conn.execute(text("INSERT INTO feature_gates (feature_key, key, value) VALUES ('bulk_delete_job_artifacts', 'boolean', 'true')"))
         insert = (
-            "INSERT INTO ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, locked, expire_at, created_at, updated_at) "
+            "INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, locked, expire_at, created_at, updated_at) "
             "SELECT 100, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, :created FROM generate_series(1, :n) g"
         )
         expired, week = now - dt.timedelta(days=2), now - dt.timedelta(days=7)
@@ -486,12 +485,12 @@ class BulkDeleteJobArtifacts(Scenario):
 
     def write(self, conn, ids, rng):
         # The pipeline's artifacts get locked (Ci::UnlockArtifactsService's opposite: a ref keeps them).
-        query = text("UPDATE ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids RETURNING id, locked, updated_at").bindparams(
+        query = text("UPDATE p_ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids RETURNING id, locked, updated_at").bindparams(
             bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, locked, updated_at FROM ci_job_artifacts WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, locked, updated_at FROM p_ci_job_artifacts WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 

@@ -46,7 +46,7 @@ def broken_database(scratch_database):
     engine = create_engine(scratch_database)
     create_schema(engine)
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_builds DROP COLUMN lock_version"))
+        conn.execute(text("ALTER TABLE p_ci_builds DROP COLUMN lock_version"))
     engine.dispose()
     return scratch_database
 

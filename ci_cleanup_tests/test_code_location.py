@@ -30,11 +30,11 @@ SCHEDULES = {
 }
 # Per job, a fingerprint of the rows it works on: a run over the demo dataset must change it.
 WORK = {
-    "drop_canceling_builds": "SELECT md5(string_agg(status || id, ',' ORDER BY id)) FROM ci_builds",
+    "drop_canceling_builds": "SELECT md5(string_agg(status || id, ',' ORDER BY id)) FROM p_ci_builds",
     "stale_runner_machines_cleanup": "SELECT count(*) FROM ci_runner_machines",
     "stuck_export_jobs": "SELECT md5(string_agg(status || '-' || id, ',' ORDER BY id)) FROM project_export_jobs",
     "environments_auto_stop": "SELECT md5(string_agg(state || id, ',' ORDER BY id)) FROM environments",
-    "schedule_bulk_delete_job_artifacts": "SELECT count(*) FROM ci_job_artifacts",
+    "schedule_bulk_delete_job_artifacts": "SELECT count(*) FROM p_ci_job_artifacts",
     "delete_expired_artifact_files": "SELECT count(*) FROM ci_deleted_objects",
 }
 

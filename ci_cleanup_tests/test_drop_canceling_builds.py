@@ -181,13 +181,13 @@ def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
             CREATE FUNCTION reject_drop() RETURNS trigger AS $$ BEGIN
               IF NEW.id = {bad} AND NEW.failure_reason = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
               RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER reject_drop BEFORE UPDATE ON ci_builds FOR EACH ROW EXECUTE FUNCTION reject_drop();
+            CREATE TRIGGER reject_drop BEFORE UPDATE ON p_ci_builds FOR EACH ROW EXECUTE FUNCTION reject_drop();
         """))
     try:
         result = run_job(drop_canceling_builds, stack)
     finally:
         with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER reject_drop ON ci_builds; DROP FUNCTION reject_drop()"))
+            conn.execute(text("DROP TRIGGER reject_drop ON p_ci_builds; DROP FUNCTION reject_drop()"))
 
     doomed = row(engine, "ci_builds", bad)
     assert (doomed.status, doomed.failure_reason, doomed.lock_version) == ("failed", 12, 1)
@@ -217,11 +217,11 @@ def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_databas
     scratch = create_engine(scratch_database)
     create_schema(scratch)
     with scratch.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_builds DROP COLUMN lock_version"))
+        conn.execute(text("ALTER TABLE p_ci_builds DROP COLUMN lock_version"))
         conn.execute(text("DROP TABLE ci_running_builds"))
         conn.execute(text(
-            "INSERT INTO ci_builds (id, partition_id, type, status, created_at, updated_at) "
-            "VALUES (1, 100, 'Ci::Build', 'canceling', now() - interval '3 hours', now() - interval '3 hours')"
+            "INSERT INTO p_ci_builds (partition_id, project_id, type, status, created_at, updated_at) "
+            "VALUES (100, 1, 'Ci::Build', 'canceling', now() - interval '3 hours', now() - interval '3 hours')"
         ))
 
     result = run_job(drop_canceling_builds, stack, database_url=scratch_database, raise_on_error=False)
@@ -229,9 +229,9 @@ def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_databas
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     message = failure.step_failure_data.error.cause.message if failure.step_failure_data.error.cause else failure.step_failure_data.error.message
-    assert "column ci_builds.lock_version" in message and "table ci_running_builds" in message
+    assert "column p_ci_builds.lock_version" in message and "table ci_running_builds" in message
     with scratch.connect() as conn:
-        assert conn.execute(text("SELECT status FROM ci_builds")).scalar_one() == "canceling"
+        assert conn.execute(text("SELECT status FROM p_ci_builds")).scalar_one() == "canceling"
     assert redis_client.exists(LEASE) == 0
     scratch.dispose()
 

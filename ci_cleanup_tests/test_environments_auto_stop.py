@@ -279,7 +279,7 @@ def test_environment_whose_stop_fails_is_reported_and_the_others_are_stopped(sta
 def test_environment_restarted_after_it_was_read_is_not_overwritten(stack, engine):
     env_id = environment(engine)
     with engine.connect() as conn:
-        [read] = service.find_batch(conn, S, ago(), 0, 100)
+        [read] = service.find_batch(conn, S, ago(), service.START, 100)
     with engine.begin() as conn:  # a new deployment pushes auto_stop_at into the future
         conn.execute(S.environments.update().where(S.environments.c.id == env_id).values(auto_stop_at=ago(days=-1)))
     before = row(engine, "environments", env_id)

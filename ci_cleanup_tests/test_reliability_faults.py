@@ -32,7 +32,7 @@ from ci_cleanup.environments_auto_stop.job import LEASE_KEY as STOP_LEASE, envir
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, utc_now
+from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
@@ -62,9 +62,8 @@ def faults(servers_dir):
 def db(faults):
     """The faults stack's GitLab database, emptied; its Redis, flushed."""
     engine = create_engine(faults.url(), pool_size=2)
-    names = ", ".join(f'"{t.name}"' for t in gitlab_schema().metadata.sorted_tables)
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+        truncate_all(conn, gitlab_schema())
     client = redis.Redis.from_url(faults.redis_url)
     client.flushall()
     yield engine, client
@@ -366,9 +365,9 @@ def scratch(faults):
 BREAKAGES = {
     "drop_canceling_builds": [
         ("DROP TABLE ci_running_builds", "table ci_running_builds is missing"),
-        ("ALTER TABLE ci_builds DROP COLUMN lock_version", "column ci_builds.lock_version is missing"),
-        ("ALTER TABLE ci_builds ALTER COLUMN created_at TYPE timestamptz",
-         "column ci_builds.created_at is TIMESTAMP WITH TIME ZONE, expected TIMESTAMP WITHOUT TIME ZONE"),
+        ("ALTER TABLE p_ci_builds DROP COLUMN lock_version", "column p_ci_builds.lock_version is missing"),
+        ("ALTER TABLE p_ci_builds ALTER COLUMN created_at TYPE timestamptz",
+         "column p_ci_builds.created_at is TIMESTAMP WITH TIME ZONE, expected TIMESTAMP WITHOUT TIME ZONE"),
     ],
     "stale_runner_machines_cleanup": [
         ("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at", "column ci_runner_machines.contacted_at is missing"),
@@ -387,8 +386,8 @@ BREAKAGES = {
     ],
     "schedule_bulk_delete_job_artifacts": [
         ("DROP TABLE ci_deleted_objects", "table ci_deleted_objects is missing"),
-        ("ALTER TABLE ci_job_artifacts DROP COLUMN locked", "column ci_job_artifacts.locked is missing"),
-        ("ALTER TABLE ci_job_artifacts ALTER COLUMN project_id TYPE text", "column ci_job_artifacts.project_id is TEXT, expected BIGINT"),
+        ("ALTER TABLE p_ci_job_artifacts DROP COLUMN locked", "column p_ci_job_artifacts.locked is missing"),
+        ("ALTER TABLE p_ci_job_artifacts ALTER COLUMN project_id TYPE text", "column p_ci_job_artifacts.project_id is TEXT, expected BIGINT"),
     ],
 }
 
@@ -422,7 +421,7 @@ def test_integer_widths_and_varchar_or_text_are_accepted_as_gitlab_changes_them(
     """GitLab widens int ids to bigint and uses varchar and text interchangeably: not a mismatch."""
     engine, url = scratch
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_builds ALTER COLUMN lock_version TYPE bigint, ALTER COLUMN status TYPE text"))
+        conn.execute(text("ALTER TABLE p_ci_builds ALTER COLUMN lock_version TYPE bigint, ALTER COLUMN status TYPE text"))
     assert run_job(drop_canceling_builds, faults, database_url=url).success
 
 
@@ -647,7 +646,7 @@ def test_no_sql_is_built_from_strings_with_values():
 def test_the_sql_scan_catches_fstrings_percent_and_format(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(
-        'conn.execute(text(f"UPDATE ci_builds SET status = \'{status}\' WHERE id = {build_id}"))\n'
+        'conn.execute(text(f"UPDATE p_ci_builds SET status = \'{status}\' WHERE id = {build_id}"))\n'
         'cursor.execute("DELETE FROM environments WHERE id = %s" % env_id)\n'
         'sql = "SELECT * FROM t WHERE name = \'{}\'".format(name)\n'
     )

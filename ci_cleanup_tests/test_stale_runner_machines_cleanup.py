@@ -234,11 +234,13 @@ def test_missing_column_fails_clearly_and_deletes_nothing(stack, scratch_databas
     scratch = create_engine(scratch_database)
     create_schema(scratch)
     with scratch.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
         conn.execute(text(
-            "INSERT INTO ci_runner_machines (id, runner_id, system_xid, runner_type, created_at, updated_at) "
-            "VALUES (1, 1, 'x', 1, now() - interval '30 days', now() - interval '30 days')"
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at) "
+            "VALUES (1, 'x', 1, now() - interval '30 days', now() - interval '30 days')"
         ))
+        # GitLab's sync trigger copies contacted_at into ci_runner_machines_archived: it goes with the column.
+        conn.execute(text("DROP TRIGGER table_sync_trigger_bc3e7b56bd ON ci_runner_machines"))
+        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
 
     result = run_job(stale_runner_machines_cleanup, stack, database_url=scratch_database, raise_on_error=False)
 

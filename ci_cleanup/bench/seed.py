@@ -1,5 +1,8 @@
 """Fill the GitLab schema fast, server-side (``INSERT … SELECT … FROM generate_series``).
 
+GitLab's own schema (:func:`~ci_cleanup.gitlab.schema.create_schema`): builds and artifacts go through
+``p_ci_builds`` / ``p_ci_job_artifacts`` into partitions 100, 101 and 102, ids from GitLab's triggers.
+
 At ``scale=1.0``: 10 M ``ci_builds`` (1 % stuck canceling), 1 M runner machines (10 % stale),
 1 M export jobs (1 % stuck), 1 M environments (5 % past auto_stop_at; 2 M deployments) and 10 M job artifacts
 (10 % expired and deletable). Everything else is the mix the jobs must leave alone: finished
@@ -35,11 +38,11 @@ MIX = {
 
 def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
     """Finished builds, and builds stuck ``canceling`` for 2 h to a year (with their ci_running_builds row)."""
-    before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM ci_builds"))
+    before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM p_ci_builds"))
     conn.execute(text("""
-        INSERT INTO ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
+        INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
                                lock_version, created_at, updated_at, started_at, finished_at, "when", allow_failure)
-        SELECT 100, 1 + g % 50000, (:before + g) / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
+        SELECT 100 + (:before + g) % 3, 1 + g % 50000, (:before + g) / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
                CASE WHEN g % :every = 0 THEN 'canceling'
                     ELSE (ARRAY['success','success','success','success','success','success','failed','canceled','skipped','manual'])[1 + (g / 7) % 10] END,
                1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END, 'on_success', false
@@ -47,15 +50,17 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
     """), {"n": n, "every": every, "now": naive_utc(now), "before": before})
     conn.execute(text("""
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
-        SELECT id, project_id, runner_id, 1, 100 FROM ci_builds WHERE status = 'canceling' AND type = 'Ci::Build' AND id > :before
+        SELECT id, project_id, runner_id, 1, partition_id FROM p_ci_builds
+        WHERE status = 'canceling' AND type = 'Ci::Build' AND id > :before
     """), {"before": before})
 
 
 def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
     """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year."""
     conn.execute(text("""
-        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at)
-        SELECT 1 + g % 200000, 's_' || g, 1 + g % 3, created, coalesce(contacted, created), contacted
+        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at, contacted_at)
+        SELECT 1 + g % 200000, md5(random()::text), 1 + g % 3, CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
+               created, coalesce(contacted, created), contacted
         FROM generate_series(1, :n) g,
         LATERAL (SELECT CASE WHEN g % :every = 0 THEN :now - make_interval(days => 8 + g % 400)
                              WHEN g % 20 = 0 THEN :now - make_interval(secs => g % 500000)
@@ -86,27 +91,35 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
     before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM environments"))
     conn.execute(text("""
         INSERT INTO environments (project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at)
-        SELECT 1 + g % 50000, 'review/' || g, 'review-' || g,
+        SELECT 1 + g % 50000, 'review/' || (:before + g), 'review-' || (:before + g),
                CASE WHEN g % :every = 0 OR g % 10 >= 8 THEN 'available' ELSE 'stopped' END,
                CASE WHEN g % :every = 0 THEN CAST(:now AS timestamptz) - make_interval(mins => 1 + g % 10000)
                     WHEN g % 10 = 9 THEN CAST(:now AS timestamptz) + make_interval(mins => 1 + g % 10000) END,
                0, CAST(:naive AS timestamp) - make_interval(days => g % 700), CAST(:naive AS timestamp)
         FROM generate_series(1, :n) g
-    """), {"n": n, "every": every, "now": now, "naive": naive_utc(now)})
+    """), {"n": n, "every": every, "now": now, "naive": naive_utc(now), "before": before})
     conn.execute(text("""
-        INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_type, deployable_id, on_stop, created_at, updated_at)
-        SELECT d, project_id, id, 'review/' || id, md5(id::text), CASE d WHEN 1 THEN 2 ELSE 3 END, 'CommitStatus',
-               greatest(1, newest - (id * 7919 + d) % greatest(1, newest / 50)), 'stop_review', created_at AT TIME ZONE 'UTC', created_at AT TIME ZONE 'UTC'
-        FROM environments, generate_series(1, 2) d, (SELECT coalesce(max(id), 1) AS newest FROM ci_builds) b WHERE id > :before
+        INSERT INTO deployments (iid, project_id, environment_id, ref, tag, sha, status, deployable_type, deployable_id,
+                                 on_stop, created_at, updated_at)
+        SELECT 2 * id + d, project_id, id, 'review/' || id, false, md5(id::text), CASE d WHEN 1 THEN 2 ELSE 3 END,
+               'CommitStatus', greatest(1, newest - (id * 7919 + d) % greatest(1, newest / 50)), 'stop_review',
+               created_at, created_at
+        FROM environments, generate_series(1, 2) d, (SELECT coalesce(max(id), 1) AS newest FROM p_ci_builds) b
+        WHERE id > :before
     """), {"before": before})
 
 
 def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
-    """Locked, unexpired, never-expiring and trace artifacts, and unlocked ones expired 1 to 30 days ago."""
+    """Locked, unexpired, never-expiring and trace artifacts, and unlocked ones expired 1 to 30 days ago.
+
+    A job's artifacts (``(:before + g) / 3``) sit in the three partitions, so GitLab's unique index
+    (job_id, file_type, partition_id) holds however often the benchmark adds rows.
+    """
+    before = conn.scalar(text("SELECT last_value FROM ci_job_artifacts_id_seq"))
     conn.execute(text("""
-        INSERT INTO ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store,
-                                      file_final_path, expire_at, locked, created_at, updated_at)
-        SELECT 100, 1 + (g / 7) % 50000, g / 3, CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
+        INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store,
+                                        file_final_path, expire_at, locked, created_at, updated_at)
+        SELECT 100 + (:before + g) % 3, 1 + (g / 7) % 50000, (:before + g) / 3, CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
                1000 + g % 100000, 'artifacts.zip', 2,
                CASE WHEN g % 2 = 0 THEN '@final/' || substr(md5(g::text), 1, 2) || '/' || md5(g::text) END,
                CASE WHEN g % :every = 0 THEN :now - make_interval(days => 1 + g % 30)
@@ -115,7 +128,7 @@ def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> 
                     WHEN g % 10 = 9 THEN :now - make_interval(days => 1 + g % 30) END,
                CASE WHEN g % :every = 0 OR g % 10 >= 4 THEN 0 ELSE 1 END, created, created
         FROM generate_series(1, :n) g, LATERAL (SELECT :now - make_interval(days => 31 + g % 300) AS created) x
-    """), {"n": n, "every": every, "now": now})
+    """), {"n": n, "every": every, "now": now, "before": before})
 
 
 INSERTS = {

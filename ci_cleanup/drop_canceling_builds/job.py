@@ -47,7 +47,7 @@ def find_canceling_builds(
     schema = gitlab_db.schema
     cutoff = utc_now() - dt.timedelta(minutes=config.timeout_minutes)
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
+        gitlab_tables = require_columns(conn, [schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
         candidates = service.count_candidates(conn, schema, cutoff)
     lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
     if run_options.dry_run:
@@ -60,7 +60,7 @@ def find_canceling_builds(
         context.log.info(f"Lease {LEASE_KEY} is held by another process; skipping as the seed does")
     context.log.info("Cleaning canceling, timed-out builds")
     context.add_output_metadata(
-        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "status": status}
+        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "status": status, "gitlab_tables": gitlab_tables}
     )
     return DropPlan(cutoff=cutoff, batch_size=config.batch_size, candidates=candidates, status=status)
 

@@ -59,7 +59,7 @@ def find_auto_stoppable_environments(
     """Check the schema, take the lease (skip if held, as the seed does) and count the environments past auto_stop_at."""
     schema = gitlab_db.schema
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.environments, schema.deployments, schema.ci_builds, schema.ci_pending_builds])
+        gitlab_tables = require_columns(conn, [schema.environments, schema.deployments, schema.ci_builds, schema.ci_pending_builds])
         candidates = service.count_auto_stoppable(conn, schema, utc_now())
     if run_options.dry_run:
         mark_dry_run(context)
@@ -69,7 +69,7 @@ def find_auto_stoppable_environments(
     else:
         status = "skipped: lease held"
         context.log.info(f"Lease {LEASE_KEY} is held by another process; skipping as the seed does")
-    context.add_output_metadata({"candidates": candidates, "status": status})
+    context.add_output_metadata({"candidates": candidates, "status": status, "gitlab_tables": gitlab_tables})
     return AutoStopPlan(
         batch_size=config.batch_size, max_loops=config.max_loops, max_runtime_minutes=config.max_runtime_minutes,
         candidates=candidates, status=status,

@@ -11,8 +11,9 @@ The rule, without Dagster: page through the environments whose auto-stop time ha
 - without, and ``auto_stop_setting`` is ``always``: ``stopped``, ``auto_stop_at`` cleared;
 - without, and ``with_action``: nothing (the environment stays available).
 
-GitLab's cron loop would pick the environments left available again and again; paging by id here
-means each is seen once per run.
+GitLab's cron loop would pick the environments left available again and again; paging by
+``(auto_stop_at, id)`` here, along GitLab's ``index_environments_on_state_and_auto_stop_at``, means each
+is seen once per run and a batch reads only its own rows, however large the backlog.
 """
 
 from __future__ import annotations
@@ -91,19 +92,29 @@ def count_auto_stoppable(conn: Connection, schema: GitLabSchema, now: dt.datetim
     return conn.scalar(select(func.count()).select_from(schema.environments).where(auto_stoppable(schema, now)))
 
 
-def find_batch_query(schema: GitLabSchema, now, after_id, limit) -> Select:
-    """The next ``limit`` auto-stoppable environments after ``after_id``, by id (keyset paging)."""
+START = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)  # the cursor (auto_stop_at, id) before the first batch
+
+
+def find_batch_query(schema: GitLabSchema, now, after: tuple, limit) -> Select:
+    """The next ``limit`` auto-stoppable environments after the cursor ``after`` = (auto_stop_at, id).
+
+    ``auto_stop_at >= :after_at`` is an index condition on ``(state, auto_stop_at)``; the id breaks ties.
+    """
     e = schema.environments
+    after_at, after_id = after
     return (
-        select(e.c.id, e.c.project_id, e.c.auto_stop_setting)
-        .where(auto_stoppable(schema, now), e.c.id > after_id)
-        .order_by(e.c.id)
+        select(e.c.id, e.c.project_id, e.c.auto_stop_setting, e.c.auto_stop_at)
+        .where(
+            auto_stoppable(schema, now), e.c.auto_stop_at >= after_at,
+            or_(e.c.auto_stop_at > after_at, e.c.id > after_id),
+        )
+        .order_by(e.c.auto_stop_at, e.c.id)
         .limit(limit)
     )
 
 
-def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> list[Row]:
-    return conn.execute(find_batch_query(schema, now, after_id, limit)).all()
+def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int) -> list[Row]:
+    return conn.execute(find_batch_query(schema, now, after, limit)).all()
 
 
 def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select:
@@ -154,7 +165,7 @@ def find_stop_actions(conn: Connection, schema: GitLabSchema, environment_ids: l
 
 @functools.lru_cache(maxsize=8)
 def stop_batch_statement(schema: GitLabSchema) -> Select:
-    """A whole batch in one statement: pick the next ``:limit`` environments after ``:after``, stop them, play their stop actions.
+    """A whole batch in one statement: pick the next ``:limit`` environments after the cursor, stop them, play their stop actions.
 
     - ``batch``: the environments, as :func:`find_batch_query`; ``actions``: their stop actions;
       ``planned``: what ``stop_with_actions!`` would do to each (:func:`outcome_for`);
@@ -164,17 +175,20 @@ def stop_batch_statement(schema: GitLabSchema) -> Select:
     - ``played``: the ``manual`` stop actions of the environments that went ``stopping`` (``Ci::Build#play``),
       re-checked the same way, and ``queued``: those joining the runners' queue (``ci_pending_builds``).
 
-    One row per environment of the batch, by id: its outcome and the stop actions played for it.
-    Built once, with ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``, ``:after`` and ``:limit`` bound per batch.
+    One row per environment of the batch, in cursor order: its outcome and the stop actions played for it.
+    Built once, with ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``, the cursor ``:after_at``,
+    ``:after_id`` and ``:limit`` bound per batch.
     """
     e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
     now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
     due = auto_stoppable(schema, now)
-    batch = find_batch_query(schema, now, bindparam("after", type_=BigInteger), bindparam("limit", type_=Integer)).cte("batch")
+    after = (bindparam("after_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
+    batch = find_batch_query(schema, now, after, bindparam("limit", type_=Integer)).cte("batch")
     actions = stop_actions_query(schema, batch).cte("actions")
     has_actions = select(actions.c.environment_id).where(actions.c.environment_id == batch.c.id).exists()
     planned = select(
         batch.c.id,
+        batch.c.auto_stop_at,
         case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED).label("outcome"),
     ).cte("planned")
 
@@ -211,10 +225,13 @@ def stop_batch_statement(schema: GitLabSchema) -> Select:
     )
     done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
     return (
-        select(planned.c.id, case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"), played_for.label("played"))
+        select(
+            planned.c.id, planned.c.auto_stop_at,
+            case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"), played_for.label("played"),
+        )
         .select_from(planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id))
         .add_cte(queued)
-        .order_by(planned.c.id)
+        .order_by(planned.c.auto_stop_at, planned.c.id)
     )
 
 
@@ -279,15 +296,20 @@ def stop_environment(
     return outcome, played
 
 
-def _read_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int):
+def _read_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int):
     with conn.begin():
-        environments = find_batch(conn, schema, now, after_id, limit)
+        environments = find_batch(conn, schema, now, after, limit)
         return environments, find_stop_actions(conn, schema, [env.id for env in environments]) if environments else {}
 
 
-def preview_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int) -> tuple[BatchOutcome, int | None]:
-    """Dry run: what the next batch would do, read only; with the last environment id (None: no more)."""
-    environments, actions = _read_batch(conn, schema, now, after_id, limit)
+def _cursor(rows) -> tuple | None:
+    """The cursor after a batch: its last row's (auto_stop_at, id); None when the batch was empty."""
+    return (rows[-1].auto_stop_at, rows[-1].id) if rows else None
+
+
+def preview_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int) -> tuple[BatchOutcome, tuple | None]:
+    """Dry run: what the next batch would do, read only; with the cursor after it (None: no more)."""
+    environments, actions = _read_batch(conn, schema, now, after, limit)
     batch = BatchOutcome()
     for env in environments:
         env_actions = actions.get(env.id, [])
@@ -295,15 +317,15 @@ def preview_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, afte
         batch.ids[outcome].append(env.id)
         if outcome == STOPPING:
             batch.stop_actions_started += [a.id for a in env_actions if a.status == "manual"]
-    return batch, environments[-1].id if environments else None
+    return batch, _cursor(environments)
 
 
 def stop_one_by_one(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int,
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
     report_error: Callable[[int, BaseException], None],
-) -> tuple[BatchOutcome, int | None]:
+) -> tuple[BatchOutcome, tuple | None]:
     """The batch read again, each environment stopped in its own transaction; one the database refuses is reported."""
-    environments, actions = _read_batch(conn, schema, now, after_id, limit)
+    environments, actions = _read_batch(conn, schema, now, after, limit)
     batch = BatchOutcome()
     for env in environments:
         try:
@@ -317,27 +339,27 @@ def stop_one_by_one(
             continue
         batch.ids[outcome].append(env.id)
         batch.stop_actions_started += played
-    return batch, environments[-1].id if environments else None
+    return batch, _cursor(environments)
 
 
 def stop_next_batch(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after_id: int, limit: int,
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
     report_error: Callable[[int, BaseException], None],
-) -> tuple[BatchOutcome, int | None]:
+) -> tuple[BatchOutcome, tuple | None]:
     """The next batch in one statement; if the database refuses it (a bad row), environment by environment."""
-    params = {"now": now, "naive_now": naive_utc(now), "after": after_id, "limit": limit}
+    params = {"now": now, "naive_now": naive_utc(now), "after_at": after[0], "after_id": after[1], "limit": limit}
     try:
         with conn.begin():
             rows = conn.execute(stop_batch_statement(schema), params).all()
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
-        return stop_one_by_one(conn, schema, now, after_id, limit, report_error)
+        return stop_one_by_one(conn, schema, now, after, limit, report_error)
     batch = BatchOutcome()
     for r in rows:
         batch.ids[r.outcome].append(r.id)
         batch.stop_actions_started += r.played
-    return batch, rows[-1].id if rows else None
+    return batch, _cursor(rows)
 
 
 def auto_stop_environments(
@@ -356,7 +378,7 @@ def auto_stop_environments(
 ) -> AutoStopResult:
     """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here."""
     result = AutoStopResult()
-    started, last_id = clock(), 0
+    started, cursor = clock(), START
     with engine.connect() as conn:  # one connection for the run, one transaction per batch
         while True:
             if result.loops >= max_loops:
@@ -366,11 +388,11 @@ def auto_stop_environments(
                 result.limit_reached = "time"
                 return result
             if dry_run:
-                batch, last = preview_batch(conn, schema, now(), last_id, batch_size)
+                batch, after = preview_batch(conn, schema, now(), cursor, batch_size)
             else:
-                batch, last = stop_next_batch(conn, schema, now(), last_id, batch_size, report_error)
-            if last is None:
+                batch, after = stop_next_batch(conn, schema, now(), cursor, batch_size, report_error)
+            if after is None:
                 return result
-            last_id = last
+            cursor = after
             result.add(batch, max_ids)
             on_batch(batch)

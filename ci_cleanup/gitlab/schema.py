@@ -1,28 +1,32 @@
-"""The part of GitLab's ``db/structure.sql`` the batches touch, as SQLAlchemy Core tables.
+"""GitLab's tables the batches touch, as SQLAlchemy Core tables, and GitLab's own DDL to create them.
 
-Names, types and defaults follow GitLab. ``timestamp`` (without time zone) columns hold UTC:
-every cut-off compared with them is a naive UTC ``datetime`` passed as a parameter, never
-``now()``, so the session's ``TimeZone`` cannot shift a result.
+Names, types and nullability follow GitLab's ``db/structure.sql`` (vendored in ``sql/structure.sql``).
+``timestamp`` (without time zone) columns hold UTC: every cut-off compared with them is a naive UTC
+``datetime`` passed as a parameter, never ``now()``, so the session's ``TimeZone`` cannot shift a result.
 
-In GitLab >= 16 ``ci_builds`` and ``ci_job_artifacts`` are partitions of ``p_ci_builds`` and
-``p_ci_job_artifacts``; :func:`gitlab_schema` takes their physical names.
+Builds and job artifacts live in the partitioned ``p_ci_builds`` / ``p_ci_job_artifacts`` (GitLab >= 16;
+``ci_builds`` is the partition for 100, newer ones are ``gitlab_partitions_dynamic.ci_builds_101``, …),
+or in the plain ``ci_builds`` / ``ci_job_artifacts`` of GitLab before partitioning: :func:`detect_tables`
+finds which, and a query on the parent reaches every partition.
 
-The jobs never create anything: :func:`create_schema` is for the dev stack and the tests, and
-:func:`require_columns` is what a job calls at start against a database it is pointed at.
+The jobs never create anything: :func:`create_schema` is for the dev stack, the benchmark and the tests,
+and :func:`require_columns` is what a job calls at start against a database it is pointed at.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
     DateTime,
-    Index,
+    FetchedValue,
     Integer,
     LargeBinary,
     MetaData,
@@ -90,23 +94,24 @@ class GitLabSchema:
 
 
 @functools.cache
-def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "ci_job_artifacts") -> GitLabSchema:
+def gitlab_schema(builds_table: str = "p_ci_builds", job_artifacts_table: str = "p_ci_job_artifacts") -> GitLabSchema:
+    """The tables, with builds and artifacts under the names given (:func:`detect_tables` finds them)."""
     md = MetaData()
 
     ci_builds = Table(
         builds_table,
         md,
-        Column("id", BigInteger, primary_key=True),
-        Column("partition_id", BigInteger, nullable=False, server_default=text("100")),
-        Column("project_id", BigInteger),
-        Column("commit_id", BigInteger),
+        Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger (ci_builds_id_seq)
+        Column("partition_id", BigInteger, primary_key=True),
+        Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
+        Column("commit_id", BigInteger),  # the pipeline
         Column("name", String),
         Column("type", String),
         Column("status", String),
         Column("failure_reason", Integer),
         Column("runner_id", BigInteger),
         Column("user_id", BigInteger),
-        Column("lock_version", Integer, server_default=text("0")),
+        Column("lock_version", Integer, server_default=text("0")),  # NOT NULL by CHECK constraint
         Column("created_at", TIMESTAMP),
         Column("updated_at", TIMESTAMP),
         Column("started_at", TIMESTAMP),
@@ -114,95 +119,74 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
         Column("finished_at", TIMESTAMP),
         Column("scheduled_at", TIMESTAMPTZ),
         Column("when", String),
+        Column("ref", String),
         Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
     )
-    # drop_canceling_builds: the canceling builds in the seed's order, nothing else.
-    Index(
-        f"index_{builds_table}_on_created_at_project_id_id_when_canceling",
-        ci_builds.c.created_at,
-        ci_builds.c.project_id,
-        ci_builds.c.id,
-        postgresql_where=text("status = 'canceling' AND type = 'Ci::Build'"),
-    )
-    # environments_auto_stop: a deployment's stop actions are its pipeline's builds by name.
-    Index(f"index_{builds_table}_on_commit_id_and_name", ci_builds.c.commit_id, ci_builds.c.name)
-
     ci_pending_builds = Table(
         "ci_pending_builds",
         md,
         Column("id", BigInteger, primary_key=True),
-        Column("build_id", BigInteger, nullable=False, unique=True),
+        Column("build_id", BigInteger, nullable=False),  # unique
         Column("project_id", BigInteger, nullable=False),
         Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
-        Column("partition_id", BigInteger, nullable=False, server_default=text("100")),
+        Column("partition_id", BigInteger, nullable=False),  # the build's; no default
     )
     ci_running_builds = Table(
         "ci_running_builds",
         md,
         Column("id", BigInteger, primary_key=True),
-        Column("build_id", BigInteger, nullable=False, unique=True),
+        Column("build_id", BigInteger, nullable=False),  # unique
         Column("project_id", BigInteger, nullable=False),
         Column("runner_id", BigInteger, nullable=False),
         Column("runner_type", SmallInteger, nullable=False),
-        Column("partition_id", BigInteger, nullable=False, server_default=text("100")),
+        Column("partition_id", BigInteger, nullable=False),
         Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
     )
-
+    # LIST-partitioned by runner_type; a trigger mirrors every change into ci_runner_machines_archived.
     ci_runner_machines = Table(
         "ci_runner_machines",
         md,
-        Column("id", BigInteger, primary_key=True),
+        Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger
+        Column("runner_type", SmallInteger, primary_key=True),
         Column("runner_id", BigInteger, nullable=False),
+        Column("sharding_key_id", BigInteger),  # NULL exactly for instance runners (CHECK per partition)
         Column("system_xid", Text, nullable=False),
-        Column("runner_type", SmallInteger, nullable=False),
         Column("creation_state", SmallInteger, nullable=False, server_default=text("0")),
         Column("created_at", TIMESTAMPTZ, nullable=False),
         Column("updated_at", TIMESTAMPTZ, nullable=False),
         Column("contacted_at", TIMESTAMPTZ),
     )
-    # stale_runner_machines_cleanup: GitLab's two indexes; the stale scope is a BitmapOr of both.
-    Index("index_ci_runner_machines_on_contacted_at_desc_and_id_desc", ci_runner_machines.c.contacted_at.desc(), ci_runner_machines.c.id.desc())
-    Index("index_ci_runner_machines_on_created_at_and_id_desc", ci_runner_machines.c.created_at, ci_runner_machines.c.id.desc())
-
     project_export_jobs = Table(
         "project_export_jobs",
         md,
         Column("id", BigInteger, primary_key=True),
         Column("project_id", BigInteger, nullable=False),
         Column("status", SmallInteger, nullable=False, server_default=text("0")),
-        Column("jid", String(100), nullable=False),
+        Column("jid", String(100), nullable=False),  # unique
         Column("user_id", BigInteger),
         Column("created_at", TIMESTAMPTZ, nullable=False),
         Column("updated_at", TIMESTAMPTZ, nullable=False),
     )
-    # stuck_export_jobs: page through queued and started jobs by id.
-    Index(
-        "index_project_export_jobs_on_id_when_queued_or_started",
-        project_export_jobs.c.id,
-        postgresql_where=text("status IN (0, 1)"),
-    )
-
     project_relation_exports = Table(
         "project_relation_exports",
         md,
         Column("id", BigInteger, primary_key=True),
-        Column("project_export_job_id", BigInteger, nullable=False, index=True),
-        Column("project_id", BigInteger),
+        Column("project_export_job_id", BigInteger, nullable=False),
+        Column("project_id", BigInteger),  # filled from the export job by GitLab's trigger
         Column("relation", Text, nullable=False),
         Column("status", SmallInteger, nullable=False, server_default=text("0")),
         Column("jid", Text),
         Column("export_error", Text),
-        Column("created_at", TIMESTAMPTZ),
-        Column("updated_at", TIMESTAMPTZ),
+        Column("created_at", TIMESTAMPTZ, nullable=False),
+        Column("updated_at", TIMESTAMPTZ, nullable=False),
     )
-
     environments = Table(
         "environments",
         md,
         Column("id", BigInteger, primary_key=True),
         Column("project_id", BigInteger, nullable=False),
-        Column("name", String, nullable=False),
-        Column("slug", String, nullable=False),
+        Column("name", String, nullable=False),  # unique per project
+        Column("slug", String, nullable=False),  # unique per project
         Column("state", String, nullable=False, server_default=text("'available'")),
         Column("auto_stop_at", TIMESTAMPTZ),
         Column("auto_delete_at", TIMESTAMPTZ),
@@ -210,68 +194,42 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
         Column("created_at", TIMESTAMP),
         Column("updated_at", TIMESTAMP),
     )
-    # GitLab's own index for Environment.auto_stoppable (counts use it).
-    Index(
-        "index_environments_on_state_and_auto_stop_at",
-        environments.c.state,
-        environments.c.auto_stop_at,
-        postgresql_where=text("auto_stop_at IS NOT NULL AND state = 'available'"),
-    )
-    # environments_auto_stop pages by id: the same rows ordered by id, auto_stop_at checked inside the index,
-    # so a batch reads its 100 rows instead of sorting every due environment (cost would grow with the backlog).
-    Index(
-        "index_environments_on_id_and_auto_stop_at_when_available",
-        environments.c.id,
-        environments.c.auto_stop_at,
-        postgresql_where=text("auto_stop_at IS NOT NULL AND state = 'available'"),
-    )
-
     deployments = Table(
         "deployments",
         md,
         Column("id", BigInteger, primary_key=True),
-        Column("iid", Integer, nullable=False),
+        Column("iid", Integer, nullable=False),  # unique per project
         Column("project_id", BigInteger, nullable=False),
         Column("environment_id", BigInteger, nullable=False),
         Column("ref", String, nullable=False),
+        Column("tag", Boolean, nullable=False),
         Column("sha", String, nullable=False),
         Column("status", SmallInteger, nullable=False),
         Column("deployable_type", String),
         Column("deployable_id", BigInteger),
         Column("on_stop", String),
         Column("user_id", BigInteger),
-        Column("created_at", TIMESTAMPTZ),
-        Column("updated_at", TIMESTAMPTZ),
+        Column("created_at", TIMESTAMP),
+        Column("updated_at", TIMESTAMP),
         Column("finished_at", TIMESTAMPTZ),
     )
-    # environments_auto_stop: the last successful deployment of an environment.
-    Index("index_deployments_on_environment_id_status_and_id", deployments.c.environment_id, deployments.c.status, deployments.c.id)
-
     ci_job_artifacts = Table(
         job_artifacts_table,
         md,
-        Column("id", BigInteger, primary_key=True),
-        Column("partition_id", BigInteger, nullable=False, server_default=text("100")),
+        Column("id", BigInteger, FetchedValue(), primary_key=True),  # by GitLab's trigger (ci_job_artifacts_id_seq)
+        Column("partition_id", BigInteger, primary_key=True),
         Column("project_id", BigInteger, nullable=False),
-        Column("job_id", BigInteger, nullable=False),
+        Column("job_id", BigInteger, nullable=False),  # unique with file_type and partition_id
         Column("file_type", Integer, nullable=False),
         Column("size", BigInteger),
         Column("file", String),
-        Column("file_store", Integer, server_default=text("1")),
+        Column("file_store", Integer, server_default=text("1")),  # NOT NULL by CHECK constraint
         Column("file_final_path", Text),
         Column("expire_at", TIMESTAMPTZ),
         Column("locked", SmallInteger, server_default=text("2")),
-        Column("created_at", TIMESTAMPTZ),
-        Column("updated_at", TIMESTAMPTZ),
+        Column("created_at", TIMESTAMPTZ, nullable=False),
+        Column("updated_at", TIMESTAMPTZ, nullable=False),
     )
-    # schedule_bulk_delete_job_artifacts: unlocked, non-trace artifacts by expiry.
-    Index(
-        f"index_{job_artifacts_table}_on_expire_at_for_bulk_delete",
-        ci_job_artifacts.c.expire_at,
-        ci_job_artifacts.c.id,
-        postgresql_where=text("locked = 0 AND file_type <> 3 AND expire_at IS NOT NULL"),
-    )
-
     ci_deleted_objects = Table(
         "ci_deleted_objects",
         md,
@@ -280,18 +238,16 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
         Column("pick_up_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
         Column("store_dir", Text, nullable=False),
         Column("file", Text, nullable=False),
-        Column("project_id", BigInteger),
+        Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
         Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
     )
-    Index("index_ci_deleted_objects_on_pick_up_at", ci_deleted_objects.c.pick_up_at)
-
     features = Table(
         "features",
         md,
         Column("id", BigInteger, primary_key=True),
-        Column("key", String, nullable=False, unique=True),
-        Column("created_at", TIMESTAMP, nullable=False, server_default=func.now()),
-        Column("updated_at", TIMESTAMP, nullable=False, server_default=func.now()),
+        Column("key", String, nullable=False),
+        Column("created_at", TIMESTAMP, nullable=False),
+        Column("updated_at", TIMESTAMP, nullable=False),
     )
     feature_gates = Table(
         "feature_gates",
@@ -300,10 +256,9 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
         Column("feature_key", String, nullable=False),
         Column("key", String, nullable=False),
         Column("value", String),
-        Column("created_at", TIMESTAMP, nullable=False, server_default=func.now()),
-        Column("updated_at", TIMESTAMP, nullable=False, server_default=func.now()),
+        Column("created_at", TIMESTAMP, nullable=False),
+        Column("updated_at", TIMESTAMP, nullable=False),
     )
-    Index("index_feature_gates_on_feature_key_and_key_and_value", feature_gates.c.feature_key, feature_gates.c.key, feature_gates.c.value, unique=True)
 
     return GitLabSchema(
         metadata=md,
@@ -322,9 +277,92 @@ def gitlab_schema(builds_table: str = "ci_builds", job_artifacts_table: str = "c
     )
 
 
-def create_schema(engine: Engine, schema: GitLabSchema | None = None) -> None:
-    """Create the tables and indexes (dev stack and tests only; never called by a job)."""
-    (schema or gitlab_schema()).metadata.create_all(engine)
+PARTITIONED, FLAT = "partitioned", "flat"
+# The partitions GitLab's partition manager adds at run time (GitLab.com has them), beyond structure.sql's
+# ci_builds (100) and ci_job_artifacts (100, 101): tests and the benchmark spread rows over all of them.
+DYNAMIC_PARTITIONS = {"p_ci_builds": ("ci_builds", (101, 102)), "p_ci_job_artifacts": ("ci_job_artifacts", (102,))}
+# GitLab before partitioning: plain tables whose ids and partition ids came from column defaults.
+_FLAT_DEFAULTS = [
+    f"ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;\n"
+    f"ALTER TABLE ONLY {table} ALTER COLUMN id SET DEFAULT nextval('{table}_id_seq'::regclass);\n"
+    f"ALTER TABLE ONLY {table} ALTER COLUMN partition_id SET DEFAULT 100;"
+    for table in ("ci_builds", "ci_job_artifacts")
+]
+# Tables GitLab's triggers write beside the ones the jobs touch (emptied with them by :func:`truncate_all`).
+_TRIGGER_TABLES = ("ci_runner_machines_archived", "loose_foreign_keys_deleted_records")
+
+
+def _statements(sql: str) -> list[str]:
+    """``structure.sql`` split into statements (a ``;`` ends one at the end of a line, outside ``$$`` bodies)."""
+    statements, current, in_body = [], [], False
+    for line in sql.splitlines():
+        if not current and (not line.strip() or line.startswith("--")):
+            continue
+        current.append(line)
+        in_body ^= line.count("$$") % 2 == 1
+        if not in_body and line.rstrip().endswith(";"):
+            statements.append("\n".join(current))
+            current = []
+    return statements
+
+
+def ddl(layout: str = PARTITIONED) -> list[str]:
+    """GitLab's DDL for the tables the jobs touch, in the layout asked for (see ``sql/structure.sql``).
+
+    ``partitioned``: as GitLab ships today, plus the dynamic partitions in :data:`DYNAMIC_PARTITIONS`,
+    created the way GitLab's partition manager does. ``flat``: GitLab before partitioning, the same
+    statements without ``p_ci_builds`` / ``p_ci_job_artifacts``. The two ``CREATE EXTENSION`` statements
+    are left out: nothing here needs them and the embedded PostgreSQL ships neither.
+    """
+    statements = [
+        s for s in _statements((Path(__file__).with_name("sql") / "structure.sql").read_text())
+        if not s.startswith("CREATE EXTENSION")
+    ]
+    if layout == FLAT:
+        return [s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
+    if layout != PARTITIONED:
+        raise ValueError(f"layout must be {PARTITIONED!r} or {FLAT!r}, not {layout!r}")
+    return statements + [
+        f"CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.{name}_{value} PARTITION OF {parent} FOR VALUES IN ({value});"
+        for parent, (name, values) in DYNAMIC_PARTITIONS.items()
+        for value in values
+    ]
+
+
+def create_schema(engine: Engine, layout: str = PARTITIONED) -> None:
+    """Create GitLab's tables, indexes and triggers, unless there already (dev stack, benchmark and tests only)."""
+    with engine.begin() as conn:
+        if conn.scalar(text("SELECT to_regclass('ci_pending_builds')")) is not None:
+            return
+        cursor = conn.connection.dbapi_connection.cursor()
+        for statement in ddl(layout):
+            cursor.execute(statement)
+
+
+def truncate_all(conn: Connection, schema: GitLabSchema, also: tuple[str, ...] = ()) -> None:
+    """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only)."""
+    names = [t.name for t in schema.metadata.sorted_tables] + list(_TRIGGER_TABLES) + list(also)
+    conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
+
+
+def detect_tables(conn: Connection, builds_table: str | None = None, job_artifacts_table: str | None = None) -> GitLabSchema:
+    """The schema with GitLab's builds and artifacts tables as this database has them.
+
+    ``p_ci_builds`` / ``p_ci_job_artifacts`` when they exist (every partition is reached through them),
+    else the flat ``ci_builds`` / ``ci_job_artifacts`` of GitLab before partitioning; a name given wins.
+    """
+    def first_present(*names: str) -> str:
+        found = conn.scalar(
+            text("SELECT name FROM unnest(CAST(:names AS text[])) WITH ORDINALITY AS n(name, i) "
+                 "WHERE to_regclass(name) IS NOT NULL ORDER BY i LIMIT 1"),
+            {"names": list(names)},
+        )
+        return found or names[0]
+
+    return gitlab_schema(
+        builds_table or first_present("p_ci_builds", "ci_builds"),
+        job_artifacts_table or first_present("p_ci_job_artifacts", "ci_job_artifacts"),
+    )
 
 
 # Type families a reflected column must share with its declaration: int, bigint and smallint are one
@@ -337,8 +375,9 @@ def _family(column_type) -> tuple:
     return (family, bool(getattr(column_type, "timezone", False))) if family is DateTime else (family,)
 
 
-def require_columns(conn: Connection, tables: list[Table]) -> None:
-    """Fail, naming every missing table and column and every column of an incompatible type, unless the database has what ``tables`` use."""
+def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
+    """Fail, naming every missing table and column and every column of an incompatible type, unless the
+    database has what ``tables`` use; the names of the tables checked, for the run's metadata."""
     inspector = inspect(conn)
     problems = []
     for table in tables:
@@ -359,3 +398,4 @@ def require_columns(conn: Connection, tables: list[Table]) -> None:
             "The database does not have what this job needs (ci_cleanup never creates or alters tables in it): "
             + ", ".join(problems)
         )
+    return [table.name for table in tables]

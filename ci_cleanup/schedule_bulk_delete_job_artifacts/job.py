@@ -89,7 +89,7 @@ def schedule_buckets(
     if run_options.dry_run:
         mark_dry_run(context)
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+        gitlab_tables = require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
         flags = service.read_flags(conn, schema)
         if run_options.dry_run and flags.enabled:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
@@ -98,18 +98,24 @@ def schedule_buckets(
     if not flags.enabled:
         # The seed: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
-        yield Output(BulkDeletePlan(status=f"skipped: {service.FEATURE_FLAG} disabled", **limits), "plan")
+        yield Output(
+            BulkDeletePlan(status=f"skipped: {service.FEATURE_FLAG} disabled", **limits), "plan",
+            metadata={"gitlab_tables": gitlab_tables},
+        )
         return
     if run_options.dry_run:
         buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
         yield Output(
             BulkDeletePlan(status="dry run", buckets=buckets, would_delete=would_delete, **limits), "plan",
-            metadata=_bucket_metadata(buckets),
+            metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables},
         )
         return
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
-    yield Output(BulkDeletePlan(status="run", buckets=buckets, **limits), "plan", metadata=_bucket_metadata(buckets))
+    yield Output(
+        BulkDeletePlan(status="run", buckets=buckets, **limits), "plan",
+        metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables},
+    )
     for bucket in [*range(flags.max_buckets), *buckets.above_max]:
         yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
 
@@ -235,13 +241,15 @@ def plan_artifact_file_removal(
         # A wrong root would make every file look "already gone" and drop its row: refuse to start.
         raise ValueError(f"artifacts_root {root!r} is not an absolute path to an existing directory")
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.ci_deleted_objects])
+        gitlab_tables = require_columns(conn, [schema.ci_deleted_objects])
         due_by_store = files.count_due(conn, schema, utc_now())
     if run_options.dry_run:
         mark_dry_run(context)
     if root is None:
         context.log.warning(f"No artifacts root ({ARTIFACTS_ROOT_ENV} or artifacts_root): local files are left")
-    context.add_output_metadata({"due_count": sum(due_by_store.values()), "artifacts_root": root})
+    context.add_output_metadata(
+        {"due_count": sum(due_by_store.values()), "artifacts_root": root, "gitlab_tables": gitlab_tables}
+    )
     return FilesPlan(
         status="dry run" if run_options.dry_run else "run", root=root,
         batch_size=config.batch_size, max_batches=config.max_batches, due_by_store=due_by_store,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import redis
 from sqlalchemy import (
-    BigInteger, ColumnElement, FromClause, Integer, Select, Text, and_, any_, bindparam, case, cast, delete, func, insert, or_, select, tuple_,
+    BigInteger, ColumnElement, FromClause, Integer, Select, Text, and_, any_, bindparam, case, cast, delete, func, insert, or_, select,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
 from sqlalchemy.engine import Connection, Engine, Row
@@ -74,14 +74,18 @@ def expired_in_bucket(
     """``expire_at < now AND file_type <> 3 AND locked = 0 AND MOD(project_id + job_id, max_buckets) = bucket``.
 
     Traces are never bulk-deleted; ``locked = 0`` (unlocked) leaves artifacts_locked (1) and unknown (2).
-    The first three terms are the partial index ``index_ci_job_artifacts_on_expire_at_for_bulk_delete``.
+    The first three terms are GitLab's partial index ``p_ci_job_artifacts_expire_at_idx`` (expire_at).
     """
     a = schema.ci_job_artifacts
     return and_(
         a.c.expire_at < now,
         a.c.file_type != ARTIFACT_TRACE,
         a.c.locked == ARTIFACT_UNLOCKED,
-        func.mod(a.c.project_id + a.c.job_id, max_buckets) == bucket,
+        # Written as a CASE: PostgreSQL has no statistics on the MOD (GitLab has no index on it) and guesses
+        # that 0.5 % of the rows match, not 1 in max_buckets; it then sorts the whole backlog past the cursor
+        # instead of reading the expire_at index in order (45 ms vs 0.2 ms a batch at 1 M artifacts). A
+        # boolean CASE is guessed at a third, close enough for the ordered index scan.
+        case((func.mod(a.c.project_id + a.c.job_id, max_buckets) == bucket, True), else_=False),
         # A stored file's location needs created_at (GitLab's hashed path) unless file_final_path names it:
         # such a row is left for an admin rather than deleted with its file orphaned (GitLab raises on it).
         or_(a.c.file.is_(None), a.c.file_final_path.is_not(None), a.c.created_at.is_not(None)),
@@ -179,11 +183,15 @@ def expired_batch_query(
     left) before it: with a backlog of a million, a batch went from ~1 ms to ~1 s without it.
     """
     a = schema.ci_job_artifacts
+    after_expire_at, _ = after
     return (
-        select(a.c.id).where(expired_in_bucket(schema, now, max_buckets, bucket), tuple_(a.c.expire_at, a.c.id) > tuple_(*after))
+        # GitLab's partial index is (expire_at) alone: ``expire_at >= cursor`` and ``ORDER BY expire_at`` read
+        # it in order from the cursor on (no sort of the whole backlog). Rows at the cursor's own expire_at
+        # are read again, and still deleted if they are still there.
+        select(a.c.id).where(expired_in_bucket(schema, now, max_buckets, bucket), a.c.expire_at >= after_expire_at)
         # Oldest first, through the partial expire_at index: without an order the planner reads the
         # table sequentially, past every row earlier batches and other buckets left (cost grows with the table).
-        .order_by(a.c.expire_at, a.c.id)
+        .order_by(a.c.expire_at)
         .limit(batch_size)
         .with_for_update(skip_locked=True)
     )

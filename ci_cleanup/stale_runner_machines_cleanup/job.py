@@ -60,11 +60,13 @@ def find_stale_runner_machines(
     now, stale_after = utc_now(), dt.timedelta(days=config.stale_after_days)
     deadline = service.stale_deadline(now, stale_after)
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.ci_runner_machines])
+        gitlab_tables = require_columns(conn, [schema.ci_runner_machines])
         stale_count = service.count_stale(conn, schema, deadline)
     if run_options.dry_run:
         mark_dry_run(context)
-    context.add_output_metadata({"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count})
+    context.add_output_metadata(
+        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, "gitlab_tables": gitlab_tables}
+    )
     return CleanupPlan(
         now=now, stale_after=stale_after, sub_batch_size=config.sub_batch_size, max_deletions=config.max_deletions,
         stale_count=stale_count, dry_run=run_options.dry_run,

@@ -46,14 +46,16 @@ def find_enqueued_export_jobs(
     """Check the schema and count the queued and started export jobs."""
     schema = gitlab_db.schema
     with gitlab_db.engine.connect() as conn:
-        require_columns(conn, [schema.project_export_jobs, schema.project_relation_exports])
+        gitlab_tables = require_columns(conn, [schema.project_export_jobs, schema.project_relation_exports])
         candidates = service.count_enqueued(conn, schema)
     status = "run"
     if run_options.dry_run:
         mark_dry_run(context)
         status = "dry run"
     grace_cutoff = utc_now() - dt.timedelta(hours=config.relation_exports_grace_hours)
-    context.add_output_metadata({"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), "status": status})
+    context.add_output_metadata(
+        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), "status": status, "gitlab_tables": gitlab_tables}
+    )
     return StuckExportPlan(grace_cutoff=grace_cutoff, chunk_size=config.chunk_size, candidates=candidates, status=status)
 
 
