@@ -398,9 +398,9 @@ def test_schedule_runs_at_30_past_every_hour_utc():
     assert stuck_export_jobs_schedule.job_name == "stuck_export_jobs"
 
 
-def test_candidate_chunk_is_read_through_the_partial_id_index(stack, engine):
+def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
     query = service.enqueued_exports_query(S, after_id=0, limit=1000)
     with engine.connect() as conn:
         conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
         plan = "\n".join(conn.execute(text(f"EXPLAIN {query.compile(engine, compile_kwargs={'literal_binds': True})}")).scalars())
-    assert "index_project_export_jobs_on_id_when_queued_or_started" in plan
+    assert "index_project_export_jobs_on_status" in plan
