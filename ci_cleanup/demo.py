@@ -1,7 +1,9 @@
 """A small, realistic GitLab dataset for the dev stack: some rows each batch must change, more it must not.
 
 One function per batch; :func:`seed` runs them all. Rows are inserted relative to ``now`` so a
-demo run always finds the same work.
+demo run always finds the same work, on GitLab's own schema: builds and artifacts spread over
+partitions 100, 101 and 102, and names, iids and job ids unique as GitLab's indexes require, so a
+second demo on the data of the first adds rows beside them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import datetime as dt
 import random
 
 import redis
-from sqlalchemy import insert
+from sqlalchemy import func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
@@ -30,7 +32,7 @@ def seed_builds(conn: Connection, queues: redis.Redis, schema: GitLabSchema, rng
             rows.append(dict(status=status, created_at=naive_utc(at), updated_at=naive_utc(at)))
     for i, values in enumerate(rows):
         values.update(
-            partition_id=100, project_id=rng.randint(1, 20), commit_id=1000 + i // 5, name=rng.choice(["rspec", "lint", "build"]),
+            partition_id=100 + i // 5 % 3, project_id=rng.randint(1, 20), commit_id=1000 + i // 5, name=rng.choice(["rspec", "lint", "build"]),
             type="Ci::Build", runner_id=rng.randint(1, 5), lock_version=0,
         )
     conn.execute(insert(schema.ci_builds), rows)
@@ -54,6 +56,8 @@ def seed_runner_machines(conn: Connection, queues: redis.Redis, schema: GitLabSc
             runner_id=rng.randint(1, 12), system_xid=f"r_{rng.getrandbits(48):012x}", runner_type=rng.choice([1, 2, 3]),
             updated_at=values["contacted_at"] or values["created_at"],
         )
+        # GitLab: instance runners (type 1) have no sharding key, group and project runners one.
+        values["sharding_key_id"] = None if values["runner_type"] == 1 else values["runner_id"]
     conn.execute(insert(schema.ci_runner_machines), rows)
 
 
@@ -61,8 +65,8 @@ def seed_environments(conn: Connection, queues: redis.Redis, schema: GitLabSchem
     """environments_auto_stop: expired review apps (plain ones to stop, ones with a manual stop job, with_action
     ones to leave; two batches), and environments it must not touch (not due yet, no auto-stop, already stopped)."""
     kinds = ["plain"] * 110 + ["stop_action"] * 15 + ["with_action"] * 10 + ["future"] * 20 + ["production"] * 5 + ["stopped"] * 10
-    rows = []
-    for i, kind in enumerate(kinds):
+    rows, base = [], conn.scalar(select(func.coalesce(func.max(schema.environments.c.id), 0)))
+    for i, kind in enumerate(kinds, start=base + 1):
         expired = now - dt.timedelta(hours=rng.randint(1, 72))
         auto_stop_at = {"future": now + dt.timedelta(hours=rng.randint(1, 72)), "production": None}.get(kind, expired)
         created = naive_utc(now - dt.timedelta(days=rng.randint(2, 30)))
@@ -77,19 +81,20 @@ def seed_environments(conn: Connection, queues: redis.Redis, schema: GitLabSchem
         if kind not in ("stop_action", "with_action"):
             continue
         # Each review app deployed by its own pipeline; a with_action app's pipeline has no stop job: left available.
-        pipeline = 90_000 + n
+        pipeline = 90_000 + env_id
         deployed = naive_utc(now - dt.timedelta(days=2))
-        build = dict(partition_id=100, project_id=env["project_id"], commit_id=pipeline, type="Ci::Build", lock_version=0,
-                     created_at=deployed, updated_at=deployed)
+        build = dict(partition_id=100 + n % 3, project_id=env["project_id"], commit_id=pipeline, type="Ci::Build",
+                     lock_version=0, created_at=deployed, updated_at=deployed)
         deploy_id = conn.execute(
             insert(schema.ci_builds).values(name="deploy_review", status="success", **build).returning(schema.ci_builds.c.id)
         ).scalar_one()
         if kind == "stop_action":
             conn.execute(insert(schema.ci_builds).values(name="stop_review", status="manual", **build))
         conn.execute(insert(schema.deployments).values(
-            iid=1, project_id=env["project_id"], environment_id=env_id, ref=f"feature-{n}", sha=f"{rng.getrandbits(160):040x}",
-            status=2, deployable_type="CommitStatus", deployable_id=deploy_id,
-            on_stop="stop_review" if kind == "stop_action" else None, created_at=now, updated_at=now, finished_at=now,
+            iid=env_id, project_id=env["project_id"], environment_id=env_id, ref=f"feature-{n}", tag=False,
+            sha=f"{rng.getrandbits(160):040x}", status=2, deployable_type="CommitStatus", deployable_id=deploy_id,
+            on_stop="stop_review" if kind == "stop_action" else None, created_at=deployed, updated_at=deployed,
+            finished_at=now,
         ))
 
 
@@ -123,8 +128,13 @@ def seed_job_artifacts(conn: Connection, queues: redis.Redis, schema: GitLabSche
     (to delete), and traces, locked, unknown-lock, never-expiring and not-yet-expired ones it must keep.
     delete_expired_artifact_files: stored files of earlier deletions, due and not yet due, local and remote."""
     # The flag may be on already (a second demo on the same data): seeding adds rows, never fails.
-    conn.execute(pg_insert(schema.features).on_conflict_do_nothing(), [dict(key="bulk_delete_job_artifacts")])
-    conn.execute(pg_insert(schema.feature_gates).on_conflict_do_nothing(), [dict(feature_key="bulk_delete_job_artifacts", key="boolean", value="true")])
+    stamp = dict(created_at=naive_utc(now), updated_at=naive_utc(now))
+    conn.execute(pg_insert(schema.features).on_conflict_do_nothing(), [dict(key="bulk_delete_job_artifacts", **stamp)])
+    conn.execute(
+        pg_insert(schema.feature_gates).on_conflict_do_nothing(),
+        [dict(feature_key="bulk_delete_job_artifacts", key="boolean", value="true", **stamp)],
+    )
+    first_job = 1 + conn.scalar(select(func.coalesce(func.max(schema.ci_job_artifacts.c.job_id), 5000)))
     kinds = ["expired"] * 300 + ["trace", "locked", "unknown", "never_expires", "not_yet_expired"] * 12
     rows = []
     for i, kind in enumerate(kinds):
@@ -133,7 +143,7 @@ def seed_job_artifacts(conn: Connection, queues: redis.Redis, schema: GitLabSche
             kind, now - dt.timedelta(hours=rng.randint(1, 72))
         )
         rows.append(dict(
-            partition_id=100, project_id=rng.randint(1, 40), job_id=5000 + i, file_type=3 if kind == "trace" else rng.choice([1, 2, 4]),
+            partition_id=100 + i % 3, project_id=rng.randint(1, 40), job_id=first_job + i, file_type=3 if kind == "trace" else rng.choice([1, 2, 4]),
             size=rng.randint(1_000, 5_000_000), file="artifacts.zip", file_store=rng.choice([1, 2]),
             locked={"locked": 1, "unknown": 2}.get(kind, 0), expire_at=expire_at, created_at=created, updated_at=created,
         ))

@@ -11,7 +11,7 @@ import uuid
 from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
 
-from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, utc_now
+from ci_cleanup.gitlab.schema import GitLabSchema, gitlab_schema, naive_utc, utc_now
 
 S = gitlab_schema()
 
@@ -74,15 +74,16 @@ def _defaults(table: str) -> dict:
     }.get(table, {})
 
 
-def create(engine: Engine, table: str, **values) -> int:
+def create(engine: Engine, table: str, *, schema: GitLabSchema = S, **values) -> int:
     """Insert one row of ``table`` (GitLab's triggers assign ids) and return its id.
 
     A queue row (``ci_pending_builds``, ``ci_running_builds``) takes its build's partition_id, as GitLab's do.
+    ``schema``: another layout's tables (the flat ``ci_builds`` of GitLab before partitioning).
     """
-    t = TABLES[table]
+    t = getattr(schema, table)
     with engine.begin() as conn:
         if table in ("ci_pending_builds", "ci_running_builds") and "partition_id" not in values:
-            b = S.ci_builds
+            b = schema.ci_builds
             values["partition_id"] = conn.scalar(select(b.c.partition_id).where(b.c.id == values["build_id"])) or 100
         return conn.execute(insert(t).values({**_defaults(table), **values}).returning(t.c.id)).scalar_one()
 

@@ -38,6 +38,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts import job as artifacts_job
 from ci_cleanup.stale_runner_machines_cleanup import job as stale_job
 from ci_cleanup.stuck_export_jobs import job as export_job
 
+from .factories import TABLES
 from .runner import run_job
 
 BIN = Path(sys.executable).parent
@@ -46,7 +47,7 @@ KEEPERS = 20  # rows of each kind the job must leave alone
 
 # --------------------------------------------------------------------------- audit: every write, per row
 
-AUDIT_TABLES = ("ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "ci_job_artifacts")
+AUDIT_TABLES = ("p_ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "p_ci_job_artifacts")
 AUDIT_DDL = """
 CREATE TABLE IF NOT EXISTS reliability_audit (
   id bigserial PRIMARY KEY, tbl text NOT NULL, row_id bigint NOT NULL, op text NOT NULL,
@@ -105,6 +106,7 @@ def _ids(conn: Connection, sql: str, **params) -> list[int]:
 
 
 def _rows(conn: Connection, table: str, ids: list[int]) -> dict[int, tuple]:
+    table = TABLES[table].name if table in TABLES else table  # ci_builds: every partition, through p_ci_builds
     query = text(f'SELECT * FROM "{table}" WHERE id IN :ids ORDER BY id').bindparams(bindparam("ids", expanding=True))
     return {r.id: tuple(r) for r in conn.execute(query, {"ids": ids or [-1]})}
 
@@ -212,13 +214,16 @@ class DropCancelingBuilds(Scenario):
         old, recent = naive_utc(utc_now() - dt.timedelta(hours=2)), naive_utc(utc_now() - dt.timedelta(minutes=5))
         insert = (
             "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at, runner_id) "
-            "SELECT 100, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), :updated, 7 "
+            "SELECT 100 + g % 3, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), :updated, 7 "
             "FROM generate_series(1, :n) g"
         )
         conn.execute(text(insert), dict(status="canceling", created=old, updated=old, n=n))
-        queued = "SELECT id, project_id FROM p_ci_builds WHERE id <= :n AND name = 'rspec'"
-        conn.execute(text(f"INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type) SELECT id, project_id, 7, 1 FROM ({queued}) b"), dict(n=n))
-        conn.execute(text(f"INSERT INTO ci_pending_builds (build_id, project_id) {queued}"), dict(n=n))
+        queued = "SELECT id, project_id, partition_id FROM p_ci_builds WHERE id <= :n AND name = 'rspec'"
+        conn.execute(text(
+            "INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id) "
+            f"SELECT id, project_id, 7, 1, partition_id FROM ({queued}) b"
+        ), dict(n=n))
+        conn.execute(text(f"INSERT INTO ci_pending_builds (build_id, project_id, partition_id) {queued}"), dict(n=n))
         conn.execute(text(insert), dict(status="canceling", created=old, updated=recent, n=KEEPERS))  # updated recently
         conn.execute(text(insert), dict(status="running", created=old, updated=old, n=KEEPERS))
 
@@ -270,8 +275,9 @@ class StaleRunnerMachines(Scenario):
     def seed(self, conn, client, n):
         now = utc_now()
         insert = (
-            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at) "
-            "SELECT g, 'm' || g, 1, :created, :created, CASE WHEN g % 3 = 0 THEN NULL ELSE :contacted - make_interval(secs => g) END "
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at, contacted_at) "
+            "SELECT g, md5(random()::text), 1 + g % 3, CASE WHEN g % 3 > 0 THEN g END, :created, :created, "
+            "CASE WHEN g % 3 = 0 THEN NULL ELSE :contacted - make_interval(secs => g) END "
             "FROM generate_series(1, :n) g"
         )
         month, week = now - dt.timedelta(days=30), now - dt.timedelta(days=8)
@@ -349,7 +355,7 @@ class StuckExportJobs(Scenario):
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
-DEPLOYABLE, STOP_ACTION = 1_000_000, 2_000_000  # build ids: environment id + offset
+PIPELINE = 10_000  # an environment's deploy and stop builds are in pipeline (commit_id) PIPELINE + its id
 
 
 class EnvironmentsAutoStop(Scenario):
@@ -374,16 +380,18 @@ class EnvironmentsAutoStop(Scenario):
         conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive, a=n + 1, b=n + KEEPERS))
         conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive, a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
         build = (
-            "INSERT INTO p_ci_builds (id, partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
-            "SELECT :offset + g, 100, 1, 10000 + g, :name, 'Ci::Build', :status, 0, :naive, :naive FROM generate_series(1, :n) g WHERE g % 2 = 1"
-        )
-        conn.execute(text(build), dict(offset=DEPLOYABLE, name="deploy", status="success", naive=naive, n=n))
-        conn.execute(text(build), dict(offset=STOP_ACTION, name="stop_review", status="manual", naive=naive, n=n))
-        conn.execute(text(
-            "INSERT INTO deployments (iid, project_id, environment_id, ref, sha, status, deployable_type, deployable_id, on_stop, created_at, updated_at) "
-            "SELECT g, 1, g, 'main', repeat('a', 40), 2, 'CommitStatus', :offset + g, 'stop_review', :at, :at "
+            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
+            "SELECT 100 + g % 3, 1, :pipeline + g, :name, 'Ci::Build', :status, 0, :naive, :naive "
             "FROM generate_series(1, :n) g WHERE g % 2 = 1"
-        ), dict(offset=DEPLOYABLE, at=now - dt.timedelta(days=3), n=n))
+        )
+        conn.execute(text(build), dict(pipeline=PIPELINE, name="deploy", status="success", naive=naive, n=n))
+        conn.execute(text(build), dict(pipeline=PIPELINE, name="stop_review", status="manual", naive=naive, n=n))
+        conn.execute(text(
+            "INSERT INTO deployments (iid, project_id, environment_id, ref, tag, sha, status, deployable_type, deployable_id, "
+            "on_stop, created_at, updated_at) "
+            "SELECT b.commit_id - :pipeline, 1, b.commit_id - :pipeline, 'main', false, repeat('a', 40), 2, 'CommitStatus', b.id, "
+            "'stop_review', :naive, :naive FROM p_ci_builds b WHERE b.name = 'deploy' AND b.commit_id > :pipeline"
+        ), dict(pipeline=PIPELINE, naive=naive))
 
     def keeper_ids(self, conn, n):
         return {"environments": list(range(n + 1, n + 2 * KEEPERS + 1))}
@@ -392,9 +400,10 @@ class EnvironmentsAutoStop(Scenario):
         query = text(
             "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, s.queued_at IS NOT NULL AS queued, "
             "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending "
-            "FROM environments e LEFT JOIN p_ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+            "FROM environments e LEFT JOIN p_ci_builds s ON s.commit_id = :pipeline + e.id AND s.name = 'stop_review' "
+            "WHERE e.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
-        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION})}
+        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1], "pipeline": PIPELINE})}
         envs = _rows(conn, "environments", ids)
         state = State()
         for env_id in ids:
@@ -424,10 +433,10 @@ class EnvironmentsAutoStop(Scenario):
         # The environment as written, and its stop action never played.
         query = text(
             "SELECT e.id, e.state, e.auto_stop_at, s.status, s.lock_version FROM environments e "
-            "LEFT JOIN p_ci_builds s ON s.id = :offset + e.id WHERE e.id IN :ids"
+            "LEFT JOIN p_ci_builds s ON s.commit_id = :pipeline + e.id AND s.name = 'stop_review' WHERE e.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         found = {}
-        for r in conn.execute(query, {"ids": ids or [-1], "offset": STOP_ACTION}):
+        for r in conn.execute(query, {"ids": ids or [-1], "pipeline": PIPELINE}):
             if r.id % 2 and (r.status, r.lock_version) != ("manual", 0):
                 found[r.id] = (r.state, r.auto_stop_at, f"stop action {r.status}/{r.lock_version}")
             else:
@@ -447,10 +456,13 @@ class BulkDeleteJobArtifacts(Scenario):
 
     def seed(self, conn, client, n):
         now = utc_now()
-        conn.execute(text("INSERT INTO feature_gates (feature_key, key, value) VALUES ('bulk_delete_job_artifacts', 'boolean', 'true')"))
+        conn.execute(text(
+            "INSERT INTO feature_gates (feature_key, key, value, created_at, updated_at) "
+            "VALUES ('bulk_delete_job_artifacts', 'boolean', 'true', now(), now())"
+        ))
         insert = (
             "INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, locked, expire_at, created_at, updated_at) "
-            "SELECT 100, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, :created FROM generate_series(1, :n) g"
+            "SELECT 100 + g % 3, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, :created FROM generate_series(1, :n) g"
         )
         expired, week = now - dt.timedelta(days=2), now - dt.timedelta(days=7)
         conn.execute(text(insert), dict(job=0, file_type=1, locked=0, expire_at=expired, created=week, n=n))

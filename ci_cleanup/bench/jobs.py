@@ -84,9 +84,9 @@ def drop_job(engine, client, on_batch):
 def drop_raw(engine, client, on_batch):
     sql = text(f"""
         WITH dropped AS (
-          UPDATE ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, :now),
+          UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, :now),
                  updated_at = :now, lock_version = coalesce(lock_version, 0) + 1
-          WHERE id = ANY(ARRAY(SELECT id FROM ci_builds WHERE {CANCELING} ORDER BY created_at, project_id, id LIMIT 100))
+          WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {CANCELING} ORDER BY created_at, project_id, id LIMIT 100))
             AND {CANCELING}
           RETURNING id),
         pending AS (DELETE FROM ci_pending_builds WHERE build_id IN (SELECT id FROM dropped)),
@@ -100,17 +100,17 @@ def drop_per_row(engine, client, on_batch):
     params = _drop_params()
 
     def drop(conn, build_id):  # Ci::Build#drop! : read, then UPDATE … WHERE lock_version = read one
-        build = conn.execute(text(f"SELECT id, lock_version FROM ci_builds WHERE id = :id AND {CANCELING}"), {**params, "id": build_id}).first()
+        build = conn.execute(text(f"SELECT id, lock_version FROM p_ci_builds WHERE id = :id AND {CANCELING}"), {**params, "id": build_id}).first()
         if build is None:
             return 0
-        n = conn.execute(text("""UPDATE ci_builds SET status = 'failed', failure_reason = 3, finished_at = :now, updated_at = :now,
+        n = conn.execute(text("""UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = :now, updated_at = :now,
                                  lock_version = lock_version + 1 WHERE id = :id AND lock_version = :lv"""),
                          {**params, "id": build_id, "lv": build.lock_version}).rowcount
         conn.execute(text("DELETE FROM ci_pending_builds WHERE build_id = :id"), {"id": build_id})
         conn.execute(text("DELETE FROM ci_running_builds WHERE build_id = :id"), {"id": build_id})
         return n
 
-    page = f"SELECT id FROM ci_builds WHERE {CANCELING} AND id > :after ORDER BY id LIMIT 100"
+    page = f"SELECT id FROM p_ci_builds WHERE {CANCELING} AND id > :after ORDER BY id LIMIT 100"
     return _per_row(engine, page, params, drop)
 
 
@@ -205,8 +205,8 @@ def envs_raw(engine, client, on_batch):
             with_actions = set(conn.scalars(text("""
                 SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
                   WHERE d.environment_id = e.id AND d.status = 2 ORDER BY d.id DESC LIMIT 1) last
-                JOIN ci_builds deployable ON deployable.id = last.deployable_id
-                JOIN ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop AND stop.type = 'Ci::Build'
+                JOIN p_ci_builds deployable ON deployable.id = last.deployable_id
+                JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop AND stop.type = 'Ci::Build'
                 WHERE e.id = ANY(:ids)"""), {"ids": ids}))
             total += conn.execute(text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
                                            WHERE id = ANY(:ids) AND {DUE} AND auto_stop_setting = 0"""),
@@ -237,8 +237,11 @@ EXPIRED = "expire_at < :now AND file_type <> 3 AND locked = 0"
 def _enable_bulk_delete(engine: Engine, client: redis.Redis) -> None:
     with engine.begin() as conn:
         if not conn.scalar(text("SELECT 1 FROM feature_gates WHERE feature_key = :k"), {"k": bulk_delete.FEATURE_FLAG}):
-            conn.execute(insert(S.features).values(key=bulk_delete.FEATURE_FLAG))
-            conn.execute(insert(S.feature_gates).values(feature_key=bulk_delete.FEATURE_FLAG, key="boolean", value="true"))
+            stamp = dict(created_at=naive_utc(utc_now()), updated_at=naive_utc(utc_now()))
+            conn.execute(insert(S.features).values(key=bulk_delete.FEATURE_FLAG, **stamp))
+            conn.execute(insert(S.feature_gates).values(
+                feature_key=bulk_delete.FEATURE_FLAG, key="boolean", value="true", **stamp
+            ))
     artifact_buckets.schedule(client, bulk_delete.MAX_BUCKETS, utc_now())
 
 
@@ -256,9 +259,10 @@ def artifacts_job(engine, client, on_batch):
 def artifacts_raw(engine, client, on_batch):
     sql = text(f"""
         WITH deleted AS (
-          DELETE FROM ci_job_artifacts WHERE id = ANY(ARRAY(
-            SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND mod(project_id + job_id, 5) = :bucket
-            ORDER BY expire_at, id LIMIT 100 FOR UPDATE SKIP LOCKED))
+          DELETE FROM p_ci_job_artifacts WHERE id = ANY(ARRAY(
+            SELECT id FROM p_ci_job_artifacts
+            WHERE {EXPIRED} AND CASE WHEN mod(project_id + job_id, 5) = :bucket THEN true ELSE false END
+            ORDER BY expire_at LIMIT 100 FOR UPDATE SKIP LOCKED))
           RETURNING project_id, file_store, file_final_path, expire_at),
         recorded AS (
           INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
@@ -276,16 +280,16 @@ def artifacts_per_row(engine, client, on_batch):
     now = utc_now()
 
     def destroy(conn, artifact_id):  # read the artifact, delete it, record its file
-        a = conn.execute(text(f"SELECT * FROM ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE"), {"id": artifact_id, "now": now}).first()
+        a = conn.execute(text(f"SELECT * FROM p_ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE"), {"id": artifact_id, "now": now}).first()
         if a is None:
             return 0
-        conn.execute(text("DELETE FROM ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
+        conn.execute(text("DELETE FROM p_ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
         deleted = bulk_delete.deleted_object(a, now)
         if deleted:
             conn.execute(insert(S.ci_deleted_objects), deleted)
         return 1
 
-    return _per_row(engine, f"SELECT id FROM ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)
+    return _per_row(engine, f"SELECT id FROM p_ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)
 
 
 JOBS = [

@@ -26,7 +26,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab.schema import create_schema, gitlab_schema
+from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
 from . import seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
@@ -59,7 +59,7 @@ def grow(engine: Engine, rows: int, log) -> None:
     """Background rows (no candidates) up to ``rows`` in the two big tables, a tenth in the others."""
     with engine.connect() as conn:
         for table in seed.INSERTS:
-            have = conn.scalar(text(f"SELECT count(*) FROM {table}"))
+            have = conn.scalar(text(f"SELECT count(*) FROM {seed.PARENT.get(table, table)}"))
             started = time.monotonic()
             seed.insert(engine, table, max(0, _rows(table, rows) - have))
             log(f"  {table}: {_rows(table, rows):,} rows ({time.monotonic() - started:.1f} s)")
@@ -69,7 +69,7 @@ def grow(engine: Engine, rows: int, log) -> None:
 def add_candidates(engine: Engine, job: BenchJob, n: int) -> None:
     seed.insert(engine, job.table, n, every=1)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"ANALYZE {job.table}"))
+        conn.execute(text(f"ANALYZE {seed.PARENT.get(job.table, job.table)}"))
 
 
 def timed(engine, client, runner) -> tuple[int, float, list[float]]:
@@ -122,7 +122,7 @@ def bench(
     engine, client = create_engine(url), redis.Redis.from_url(redis_url)
     create_schema(engine)
     with engine.begin() as conn:  # one run starts from empty tables
-        conn.execute(text("TRUNCATE " + ", ".join(t.name for t in gitlab_schema().metadata.sorted_tables) + " RESTART IDENTITY"))
+        truncate_all(conn, gitlab_schema())
     selected = [BY_NAME[name] for name in jobs]
     figures = {job.name: Figures(job.name) for job in selected}
 
@@ -163,7 +163,7 @@ def bench(
     # after such a change. With statistics still saying a tenth of ci_builds is canceling, PostgreSQL
     # counts the (now none) candidates by a sequential scan of the whole table.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("ANALYZE " + ", ".join(sorted({job.table for job in selected}))))
+        conn.execute(text("ANALYZE " + ", ".join(sorted({seed.PARENT.get(job.table, job.table) for job in selected}))))
     for name, seconds in idle_run_seconds(env).items():
         if name in figures:
             figures[name].idle_s = seconds

@@ -23,6 +23,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.schema import create_schema, naive_utc, utc_now
 
+# The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
+PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
 NONE = 2**62  # an `every` no series number reaches: no candidates
 CHUNK = 1_000_000  # rows per INSERT, so a big seed commits (and reports) as it goes
 
