@@ -108,7 +108,7 @@ def _ids(conn: Connection, sql: str, **params) -> list[int]:
 def _rows(conn: Connection, table: str, ids: list[int]) -> dict[int, tuple]:
     table = TABLES[table].name if table in TABLES else table  # ci_builds: every partition, through p_ci_builds
     query = text(f'SELECT * FROM "{table}" WHERE id IN :ids ORDER BY id').bindparams(bindparam("ids", expanding=True))
-    return {r.id: tuple(r) for r in conn.execute(query, {"ids": ids or [-1]})}
+    return {r.id: r for r in conn.execute(query, {"ids": ids or [-1]})}  # rows compare as tuples, read by name
 
 
 @dataclass
@@ -336,8 +336,11 @@ class StuckExportJobs(Scenario):
         state = State()
         for job_id in ids:
             now, before = rows.get(job_id), seeded.snapshot[job_id]
-            # (id, project_id, status, jid, user_id, created_at, updated_at)
-            failed = now is not None and now[2] == 3 and now[:2] + now[3:6] == before[:2] + before[3:6] and now[6] > before[6]
+            kept = ("project_id", "jid", "user_id", "created_at")
+            failed = (
+                now is not None and now.status == 3 and now.updated_at > before.updated_at
+                and [getattr(now, c) for c in kept] == [getattr(before, c) for c in kept]
+            )
             _sort(state, job_id, failed, now == before, now)
         return state
 
@@ -797,7 +800,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
                     first = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
                     done_by_next += first["destroyed_job_artifacts_count"]
                     # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
-                    held = {i for i in state.untouched if (seeded.snapshot[i][2] + seeded.snapshot[i][3]) % 5 in occupied}
+                    held = {i for i in state.untouched if (seeded.snapshot[i].project_id + seeded.snapshot[i].job_id) % 5 in occupied}
                     if set(first["buckets_processed"]) & set(occupied) or not held <= scenario.check(engine, client, seeded).untouched:
                         violations.append(f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
                     figures["dead_workers_buckets_skipped_then_recovered"] += len(occupied)

@@ -39,7 +39,7 @@ from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_c
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .conftest import scratch_database_of
-from .factories import ago, backend_waiting_on_lock, create, naive_ago, row
+from .factories import TABLES, ago, backend_waiting_on_lock, create, naive_ago, row
 from .runner import op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,7 +241,7 @@ def test_postgresql_connection_killed_mid_run_fails_naming_postgresql_leaves_no_
     case = CASES[name]
     ids = [case.make(engine, client) for _ in range(3)]
     before = [row(engine, case.table, i) for i in ids]
-    table = gitlab_schema().metadata.tables[case.table]
+    table = TABLES[case.table]
 
     locker = engine.connect()
     blocker = locker.begin()
@@ -596,8 +596,12 @@ SQL_WORDS = re.compile(r"\b(SELECT|UPDATE|DELETE|INSERT|CREATE|DROP|ALTER|ANALYZ
 ALLOWED_SQL_FORMATTING = {
     ("resources.py", "int(timeout_ms)"),  # SET statement_timeout = {int}: SET takes no bind parameter
     ("devstack.py", "name"),  # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB
-    ("bench/run.py", "table"),  # SELECT count(*) FROM {table}: table names of seed.INSERTS
-    ("bench/run.py", "job.table"),  # ANALYZE {job.table}: a BenchJob's table name
+    ("bench/run.py", "seed.PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of seed.INSERTS
+    ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
+    ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
+    ("gitlab/schema.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
+    ("gitlab/schema.py", "value"),
+    ("gitlab/schema.py", "parent"),
     ("bench/jobs.py", "CANCELING"),  # constant SQL fragments with :named parameters
     ("bench/jobs.py", "STALE"),
     ("bench/jobs.py", "DUE"),
