@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, delete, insert, select, text
 
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
-from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.gitlab.schema import create_schema, utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
@@ -517,7 +517,9 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 def test_missing_table_fails_naming_it(stack, redis_client, scratch_database):
     engine = create_engine(scratch_database)
-    S.metadata.create_all(engine, tables=[S.ci_job_artifacts, S.features, S.feature_gates])
+    create_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE ci_deleted_objects"))
     engine.dispose()
     result = run_job(schedule_bulk_delete_job_artifacts, stack, database_url=scratch_database, raise_on_error=False)
     assert not result.success
