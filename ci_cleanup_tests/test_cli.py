@@ -137,6 +137,9 @@ def test_seed_and_schema_create_refuse_a_database_with_projects(servers_dir, scr
 
 
 def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run(stack, engine, redis_client):
+    readme = (REPO / "README.md").read_text()
+    assert ".venv/bin/ci-cleanup run drop_canceling_builds --dry-run" in readme
+    assert ".venv/bin/ci-cleanup run drop_canceling_builds      # one run, no instance needed" in readme
     seed(engine, redis_client)
     env = dict(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url)
     with engine.connect() as conn:
@@ -291,3 +294,30 @@ def test_make_refuses_a_python_that_is_not_3_11_and_rebuilds_a_venv_left_by_one(
     assert cleaned.returncode == 0, cleaned.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile", "pyproject.toml", "python312"]
 
+
+def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(stack, engine, monkeypatch):
+    """The README's Launchpad example: `url: {env: …}` beside the field changed; no URL in the stored run config."""
+    from dagster import DagsterInstance
+
+    from ci_cleanup import defs
+
+    from .factories import ago, create
+
+    monkeypatch.setenv("CI_CLEANUP_DATABASE_URL", stack.url())
+    monkeypatch.setenv("CI_CLEANUP_REDIS_URL", stack.redis_url)
+    stale = create(engine, "ci_runner_machines", created_at=ago(days=30), contacted_at=ago(days=8))
+    run_config = {"resources": {"gitlab_db": {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}}}
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`resources: {gitlab_db: {config: {url: {env: CI_CLEANUP_DATABASE_URL}, pool_size: 4}}}`" in readme
+    assert "never paste a URL with its password there" in readme
+
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("stale_runner_machines_cleanup").execute_in_process(
+            run_config=run_config, instance=instance,
+        )
+        stored = instance.get_run_by_id(result.run_id).run_config
+
+    assert result.success
+    assert stored["resources"]["gitlab_db"] == {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM ci_runner_machines WHERE id = :id"), {"id": stale}) == 0
