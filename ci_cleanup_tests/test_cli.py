@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import redis
@@ -321,3 +322,47 @@ def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(st
     assert stored["resources"]["gitlab_db"] == {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM ci_runner_machines WHERE id = :id"), {"id": stale}) == 0
+
+
+def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_instance(stack, tmp_path):
+    """`CI_CLEANUP_DAGSTER_PG_URL=postgresql://…` must not end in "No module named 'psycopg'"."""
+    import json
+    import os
+    import signal
+    import urllib.request
+
+    from .test_code_location import _free_port
+
+    (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    port = _free_port()
+    bare = stack.url("dagster").replace("postgresql+psycopg2://", "postgresql://")
+    process = subprocess.Popen(
+        [BIN / "ci-cleanup", "--data-dir", str(tmp_path / "unused"), "dev", "--port", str(port)],
+        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+                      CI_CLEANUP_DAGSTER_PG_URL=bare, DAGSTER_HOME=str(tmp_path)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None, process.stdout.read()[-3000:]
+                assert time.monotonic() < deadline, "the UI did not come up in 180 s"
+                time.sleep(1)
+        request = urllib.request.Request(  # reads the instance's run storage, in PostgreSQL
+            f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{ runsOrError { __typename } }"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.load(urllib.request.urlopen(request, timeout=30))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+
+    assert answer == {"data": {"runsOrError": {"__typename": "Runs"}}}
+    assert "No module named 'psycopg'" not in output
+    assert process.returncode == 0, output[-3000:]
+    assert not (tmp_path / "unused").exists()  # the configured servers only
