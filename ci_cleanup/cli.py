@@ -201,7 +201,8 @@ def _innermost(error):
 def run_jobs(
     env, jobs, *, dry_run: bool = False, artifacts_root: str | None = None,
 ) -> list[tuple[str, bool, dict, str]]:
-    """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error)."""
+    """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
+    the error as its innermost cause's message and the whole chain with its stack traces."""
     resources = {
         "gitlab_db": GitLabDatabase(url=env[DATABASE]),
         "gitlab_redis": GitLabRedis(url=env[REDIS]),
@@ -217,7 +218,7 @@ def run_jobs(
             result = job.execute_in_process(
                 run_config=run_config, resources=resources, instance=instance, raise_on_error=False,
             )
-            reported, final, error = {}, {}, ""
+            reported, final, error = {}, {}, None
             for event in result.all_events:
                 if event.event_type_value == "STEP_OUTPUT":
                     metadata = {k: v.value for k, v in event.step_output_data.metadata.items()}
@@ -225,7 +226,8 @@ def run_jobs(
                     if ROWS_CHANGED in metadata:
                         final = metadata
                 elif event.event_type_value == "STEP_FAILURE" and not error:
-                    error = _innermost(event.step_failure_data.error).message.strip()
+                    failure = event.step_failure_data.error
+                    error = (_innermost(failure).message.strip(), failure.to_string())
             summary.append((job.name, result.success, {**final, **reported}, error))
     return summary
 
@@ -241,7 +243,7 @@ def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
                 continue  # what a real run did: nothing in a dry run
             print(f"    {key}: {_shown(value)}")
         if error:
-            print(f"    error: {error if debug else error.splitlines()[0]}")
+            print(f"    error: {error[1] if debug else error[0].splitlines()[0]}")
     if not all(success for _, success, _, _ in summary):
         print("A run failed (its error is above; ci-cleanup --debug … prints the whole of it)", file=sys.stderr)
         return False

@@ -90,6 +90,11 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(se
 
     unnamed = cli("seed", data_dir=servers_dir / "seed", **env)
     misnamed = cli("seed", "--into", "gitlabhq_production", data_dir=servers_dir / "seed", **env)
+    bench = cli("bench", data_dir=servers_dir / "seed", **env)  # it seeds millions of rows
+
+    assert bench.returncode == 1 and bench.stderr.splitlines()[1] == (
+        f"  If that database is yours to fill, name it: ci-cleanup bench --into {name}"
+    )
 
     for refused in (unnamed, misnamed):
         assert refused.returncode == 1
@@ -216,6 +221,11 @@ def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_d
     assert lines[1].startswith("    error: ") and "column ci_runner_machines.contacted_at is missing" in lines[1]
     assert len(lines) == 2 and "Traceback" not in done.stdout + done.stderr
     assert done.stderr == "A run failed (its error is above; ci-cleanup --debug … prints the whole of it)\n"
+
+    debug = cli("--debug", "run", "stale_runner_machines_cleanup", data_dir=servers_dir / "mismatch",
+                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert debug.returncode == 1 and "Stack Trace:" in debug.stdout and "SchemaMismatch" in debug.stdout
 
 
 def _busy_port() -> socket.socket:
