@@ -129,13 +129,16 @@ def external_target(args, env) -> tuple[Engine, str]:
     """The configured database for seeding, once the operator named it with --into and it holds no GitLab data."""
     engine, where = gitlab_engine(env[DATABASE])
     name = engine.url.database
-    if args.into != name:
+    try:
+        if args.into != name:
+            raise CliError(
+                f"{DATABASE} points at {where}: `ci-cleanup {args.command}` would write fake GitLab rows there",
+                f"If that database is yours to fill, name it: ci-cleanup {args.command} --into {name}",
+            )
+        refuse_gitlab_data(engine, where)
+    except CliError:
         engine.dispose()
-        raise CliError(
-            f"{DATABASE} points at {where}: `ci-cleanup {args.command}` would write fake GitLab rows there",
-            f"If that database is yours to fill, name it: ci-cleanup {args.command} --into {name}",
-        )
-    refuse_gitlab_data(engine, where)
+        raise
     return engine, where
 
 
@@ -161,7 +164,7 @@ def cmd_seed(args, env, embedded: bool) -> None:
             print(f"Writing GitLab.com's mix times {args.scale} into {where}", flush=True)
             seed_scale(engine, args.scale)
             return
-        client = _redis_client(env[REDIS], f"Redis ({REDIS})")
+        client = _redis_client(env[REDIS], "the embedded Redis" if embedded else f"Redis ({REDIS})")
         print(f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {where} and {client.server}",
               flush=True)
         create_schema(engine)
@@ -200,7 +203,7 @@ def _innermost(error):
 
 def run_jobs(
     env, jobs, *, dry_run: bool = False, artifacts_root: str | None = None,
-) -> list[tuple[str, bool, dict, str]]:
+) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
     """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
     the error as its innermost cause's message and the whole chain with its stack traces."""
     resources = {
