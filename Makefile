@@ -2,20 +2,37 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+ARGS ?=
+IS_311 := import sys; sys.exit(sys.version_info[:2] != (3, 11))
+# A .venv whose python is missing or not 3.11 (left by another interpreter, or a failed install) is
+# rebuilt from scratch instead of being reused by every later make.
+VENV_OK := $(shell $(BIN)/python -c '$(IS_311)' >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo dev test
+.PHONY: demo dev test clean FORCE
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(if $(VENV_OK),,FORCE)
+	@$(PYTHON) -c '$(IS_311)' 2>/dev/null || { \
+	  echo "ci_cleanup needs Python 3.11, and $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo missing)." >&2; \
+	  echo "Run again with one: make $(or $(MAKECMDGOALS),demo) PYTHON=python3.11" >&2; exit 1; }
+	$(if $(VENV_OK),,rm -rf $(VENV))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	@# setuptools' editable-install banner (a UserWarning) says nothing to act on here.
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
+FORCE:
+
 demo: $(VENV)/.installed
-	$(BIN)/ci-cleanup demo
+	$(BIN)/ci-cleanup demo $(ARGS)
 
 dev: $(VENV)/.installed
-	$(BIN)/ci-cleanup dev
+	$(BIN)/ci-cleanup dev $(ARGS)
 
 test: $(VENV)/.installed
-	$(BIN)/pytest
+	$(BIN)/pytest $(ARGS)
+
+# The virtualenv and build leftovers; the dev stack's data (.ci_cleanup_dev/) is kept.
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache test-artifacts
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

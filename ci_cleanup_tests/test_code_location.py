@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from sqlalchemy import text
+from sqlalchemy import create_engine, inspect, text
 
 from ci_cleanup import defs
 from ci_cleanup.demo import seed
@@ -97,12 +97,18 @@ def _servers_of(data_dir: Path) -> list[psutil.Process]:
     return procs
 
 
-def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(servers_dir):
+def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(
+    servers_dir, stack, scratch_database,
+):
     data_dir = servers_dir / "demo"
+    # An operator's exported production variables: the demo must not touch what they point at.
+    configured = dict(CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=7")
+    configured_redis = redis.Redis.from_url(configured["CI_CLEANUP_REDIS_URL"])
+    configured_redis.flushdb()
     for _ in range(2):  # the second demo seeds more rows into the data the first one left
         done = subprocess.run(
             [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
-            env=clean_env(), capture_output=True, text=True, timeout=600,
+            env=clean_env(**configured), capture_output=True, text=True, timeout=600,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         for job in defs.resolve_all_job_defs():
@@ -110,6 +116,37 @@ def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_o
                 assert f"{job.name:40} ok" in done.stdout
         assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
         assert _servers_of(data_dir) == []
+    assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in done.stdout
+    assert "XDG_RUNTIME_DIR" not in done.stderr and "Traceback" not in done.stderr
+
+    dry = subprocess.run(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo", "--dry-run"],
+        env=clean_env(**configured), capture_output=True, text=True, timeout=600,
+    )
+
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    would = {  # what each job would change in the third seed's rows (the first two demos changed theirs)
+        "drop_canceling_builds": "would_drop_count: 120",
+        "stale_runner_machines_cleanup": "would_delete_count: 130",
+        "stuck_export_jobs": "would_fail_count: 30",
+        "environments_auto_stop": "would_stop_count: 110",
+        "schedule_bulk_delete_job_artifacts": "would_delete_by_bucket: mod_bucket=0, count=",
+    }
+    printed: dict[str, list[str]] = {}  # job -> the lines under its "<job> ok rows_changed=0" line
+    for line in dry.stdout.splitlines():
+        if line.endswith(" ok     rows_changed=0"):
+            job = printed.setdefault(line.split()[0], [])
+        elif line.startswith("    ") and printed:
+            job.append(line.strip())
+    for name, line in would.items():
+        assert any(shown.startswith(line) for shown in printed[name]), (name, printed[name])
+    assert "TableMetadataValue" not in dry.stdout
+    assert _servers_of(data_dir) == []
+    engine = create_engine(scratch_database)
+    assert inspect(engine).get_table_names() == []
+    engine.dispose()
+    assert configured_redis.dbsize() == 0
+    configured_redis.close()
 
 
 def _free_port() -> int:

@@ -1,0 +1,378 @@
+"""A new operator's first hour with ``ci-cleanup``: which servers each command uses, what it refuses, what it prints."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
+
+from ci_cleanup.cli import dagster_pg_url
+from ci_cleanup.demo import seed
+from ci_cleanup.devstack import EmbeddedStack
+
+from .test_code_location import WORK, _servers_of, clean_env
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, data_dir: Path, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), *args],
+        env=clean_env(**env), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def tables_of(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        return sorted(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def count(url: str, table: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.scalar(text(f'SELECT count(*) FROM "{table}"'))
+    finally:
+        engine.dispose()
+
+
+def test_a_command_run_beside_a_running_stack_leaves_its_servers_running(servers_dir):
+    """`make dev` holds the stack; any other command on the same folder uses it and must not stop it."""
+    data_dir = servers_dir / "shared"
+    with EmbeddedStack(data_dir) as running:
+        done = cli("schema", "create", data_dir=data_dir)
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "already running" in done.stdout
+        assert redis.Redis.from_url(running.redis_url).ping()
+        assert tables_of(running.url())  # the command created the schema in the shared PostgreSQL, still up
+    assert _servers_of(data_dir) == []  # and the stack's owner stopped both
+
+
+def test_schema_create_with_only_the_database_url_creates_the_schema_there(servers_dir, scratch_database):
+    done = cli("schema", "create", data_dir=servers_dir / "schema_db", CI_CLEANUP_DATABASE_URL=scratch_database)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    where = make_url(scratch_database).render_as_string(hide_password=True)
+    assert f"GitLab schema created in {where}" in done.stdout
+    assert {"ci_builds", "ci_runner_machines", "environments"} <= set(tables_of(scratch_database))
+    assert not (servers_dir / "schema_db").exists()  # no embedded stack was started
+
+
+def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(servers_dir, stack):
+    done = cli("schema", "create", data_dir=servers_dir / "schema_redis", CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "ci-cleanup schema: CI_CLEANUP_REDIS_URL is set but CI_CLEANUP_DATABASE_URL is not: "
+        "`ci-cleanup schema` uses CI_CLEANUP_DATABASE_URL",
+        "  Set CI_CLEANUP_DATABASE_URL too, or unset CI_CLEANUP_REDIS_URL to use the embedded stack",
+    ]
+    assert not (servers_dir / "schema_redis").exists()
+
+
+def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(servers_dir, scratch_database, stack):
+    env = dict(CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=5")
+    name = make_url(scratch_database).database
+    where = make_url(scratch_database).render_as_string(hide_password=True)
+    queues = redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
+    queues.flushdb()
+
+    unnamed = cli("seed", data_dir=servers_dir / "seed", **env)
+    misnamed = cli("seed", "--into", "gitlabhq_production", data_dir=servers_dir / "seed", **env)
+    bench = cli("bench", data_dir=servers_dir / "seed", **env)  # it seeds millions of rows
+
+    assert bench.returncode == 1 and bench.stderr.splitlines()[1] == (
+        f"  If that database is yours to fill, name it: ci-cleanup bench --into {name}"
+    )
+
+    for refused in (unnamed, misnamed):
+        assert refused.returncode == 1
+        assert refused.stderr.splitlines() == [
+            f"ci-cleanup seed: CI_CLEANUP_DATABASE_URL points at {where}: "
+            "`ci-cleanup seed` would write fake GitLab rows there",
+            f"  If that database is yours to fill, name it: ci-cleanup seed --into {name}",
+        ]
+    assert tables_of(scratch_database) == [] and queues.dbsize() == 0
+
+    named = cli("seed", "--into", name, data_dir=servers_dir / "seed", **env)
+
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {where} and Redis" in named.stdout
+    assert (count(scratch_database, "ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
+    assert queues.dbsize() == 15  # the exports Sidekiq still has
+
+    again = cli("seed", "--into", name, data_dir=servers_dir / "seed", **env)
+
+    assert again.returncode == 1
+    assert again.stderr.splitlines()[0] == (
+        f"ci-cleanup seed: The database at {where} holds GitLab data (ci_builds is not empty): refusing to write to it"
+    )
+    assert count(scratch_database, "ci_builds") == 220
+    assert not (servers_dir / "seed").exists()
+    queues.flushdb()
+    queues.close()
+
+
+def test_seed_and_schema_create_refuse_a_database_with_projects(servers_dir, scratch_database, stack):
+    engine = create_engine(scratch_database)
+    with engine.begin() as conn:  # GitLab's projects table, as far as this check cares
+        conn.execute(text("CREATE TABLE projects (id bigint PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO projects VALUES (1)"))
+    engine.dispose()
+    name = make_url(scratch_database).database
+
+    seeded = cli("seed", "--into", name, data_dir=servers_dir / "projects",
+                 CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
+    created = cli("schema", "create", data_dir=servers_dir / "projects", CI_CLEANUP_DATABASE_URL=scratch_database)
+
+    for refused in (seeded, created):
+        assert refused.returncode == 1
+        assert "holds GitLab data (projects is not empty): refusing to write to it" in refused.stderr
+    assert tables_of(scratch_database) == ["projects"]
+
+
+def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run(stack, engine, redis_client):
+    readme = (REPO / "README.md").read_text()
+    assert ".venv/bin/ci-cleanup run drop_canceling_builds --dry-run" in readme
+    assert ".venv/bin/ci-cleanup run drop_canceling_builds      # one run, no instance needed" in readme
+    seed(engine, redis_client)
+    env = dict(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url)
+    with engine.connect() as conn:
+        before = conn.scalar(text(WORK["drop_canceling_builds"]))
+
+    dry = subprocess.run(
+        [".venv/bin/ci-cleanup", "run", "drop_canceling_builds", "--dry-run"],
+        env=clean_env(**env), capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert dry.stdout.splitlines()[-3:] == [
+        "drop_canceling_builds                    ok     rows_changed=0",
+        "    status: dry run",
+        "    would_drop_count: 120",
+    ]
+    with engine.connect() as conn:
+        assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
+
+    done = subprocess.run(
+        [".venv/bin/ci-cleanup", "run", "drop_canceling_builds"],
+        env=clean_env(**env), capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
+    assert "    dropped_count: 120" in done.stdout
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM ci_builds WHERE status = 'canceling'")) == 10  # the recent ones
+
+
+def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_debug(servers_dir, stack):
+    unreachable = "postgresql://gitlab:s3cr3t-pw@/gitlabhq_production?host=/nonexistent"
+    env = dict(CI_CLEANUP_DATABASE_URL=unreachable, CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    plain = cli("run", "stuck_export_jobs", data_dir=servers_dir / "errors", **env)
+    debug = cli("--debug", "run", "stuck_export_jobs", data_dir=servers_dir / "errors", **env)
+    bad_url = cli("run", "stuck_export_jobs", data_dir=servers_dir / "errors",
+                  CI_CLEANUP_DATABASE_URL="mysql://gitlab:s3cr3t-pw@db/gitlab", CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert plain.returncode == 1 and plain.stdout == ""
+    assert plain.stderr.splitlines() == [
+        "ci-cleanup run: Cannot reach the GitLab database (PostgreSQL) at "
+        "postgresql+psycopg2://gitlab:***@/gitlabhq_production?host=%2Fnonexistent: connection to server on socket "
+        '"/nonexistent/.s.PGSQL.5432" failed: No such file or directory Is the server running locally and '
+        "accepting connections on that socket?",
+        "  Check that the server named above is up and that its URL is right "
+        "(ci-cleanup --debug … shows the traceback)",
+    ]
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert bad_url.returncode == 1 and bad_url.stderr.splitlines() == [
+        "ci-cleanup run: CI_CLEANUP_DATABASE_URL must be postgresql+psycopg2://…, not mysql://",
+        "  Set CI_CLEANUP_DATABASE_URL=postgresql+psycopg2://user:password@host:5432/database",
+    ]
+    assert all("s3cr3t-pw" not in done.stdout + done.stderr for done in (plain, debug, bad_url))
+
+
+def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_database):
+    engine = create_engine(scratch_database)
+    from ci_cleanup.gitlab.schema import create_schema
+
+    create_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
+    engine.dispose()
+
+    done = cli("run", "stale_runner_machines_cleanup", data_dir=servers_dir / "mismatch",
+               CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[0] == "stale_runner_machines_cleanup            FAILED rows_changed=-"
+    assert lines[1].startswith("    error: ") and "column ci_runner_machines.contacted_at is missing" in lines[1]
+    assert len(lines) == 2 and "Traceback" not in done.stdout + done.stderr
+    assert done.stderr == "A run failed (its error is above; ci-cleanup --debug … prints the whole of it)\n"
+
+    debug = cli("--debug", "run", "stale_runner_machines_cleanup", data_dir=servers_dir / "mismatch",
+                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert debug.returncode == 1 and "Stack Trace:" in debug.stdout and "SchemaMismatch" in debug.stdout
+
+
+def _busy_port() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
+
+
+def test_dev_on_a_busy_port_fails_at_once_naming_the_port_and_starts_nothing(servers_dir):
+    data_dir = servers_dir / "busy"
+    with _busy_port() as listener:
+        port = listener.getsockname()[1]
+        done = cli("dev", "--port", str(port), data_dir=data_dir, timeout=120)
+
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"ci-cleanup dev: Port {port} on 127.0.0.1 is in use (Address already in use): another `ci-cleanup dev` "
+        "or web server?",
+        f"  Stop it, or choose another port: ci-cleanup dev --port {port + 1} (make dev ARGS='--port {port + 1}')",
+    ]
+    assert not data_dir.exists()
+
+
+def test_dev_exits_with_an_error_when_dagster_dev_stops_on_its_own(servers_dir, stack, tmp_path):
+    (tmp_path / "dagster.yaml").write_text("storage:\n  no_such_storage: {}\n")
+
+    done = cli("dev", "--port", "0", data_dir=servers_dir / "crash", timeout=300,
+               CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url, DAGSTER_HOME=str(tmp_path))
+
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-2:] == [
+        "ci-cleanup dev: dagster dev stopped with exit status 1",
+        "  Its output above says why; the servers this command started are stopped",
+    ]
+
+
+def test_the_dagster_instance_url_gets_the_installed_driver():
+    """SQLAlchemy 2.1 reads postgresql:// as psycopg 3, which is not installed: dev hands Dagster psycopg2's."""
+    env = dagster_pg_url({"CI_CLEANUP_DAGSTER_PG_URL": "postgresql://dagster:pw@db:5432/dagster"})
+
+    assert env == {"CI_CLEANUP_DAGSTER_PG_URL": "postgresql+psycopg2://dagster:pw@db:5432/dagster"}
+
+
+def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_make_refuses_a_python_that_is_not_3_11_and_rebuilds_a_venv_left_by_one(tmp_path):
+    for name in ("Makefile", "pyproject.toml"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    python312 = tmp_path / "python312"  # answers like a Python 3.12 would, and can make nothing
+    python312.write_text('#!/bin/sh\n[ "$1" = -V ] && echo "Python 3.12.3" && exit 0\nexit 1\n')
+    python312.chmod(0o755)
+
+    refused = _make(tmp_path, "demo", "PYTHON=./python312")
+
+    assert refused.returncode != 0
+    assert refused.stderr.splitlines()[:2] == [
+        "ci_cleanup needs Python 3.11, and ./python312 is Python 3.12.3.",
+        "Run again with one: make demo PYTHON=python3.11",
+    ]
+    assert not (tmp_path / ".venv").exists()
+
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)  # what an earlier make with that Python left
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(python312)
+    (tmp_path / ".venv" / ".installed").touch()
+
+    planned = _make(tmp_path, "-n", "demo", f"PYTHON={sys.executable}")
+
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert lines.index("rm -rf .venv") + 1 == lines.index(f"{sys.executable} -m venv .venv")
+
+    cleaned = _make(tmp_path, "clean")
+
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile", "pyproject.toml", "python312"]
+
+
+def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(stack, engine, monkeypatch):
+    """The README's Launchpad example: `url: {env: …}` beside the field changed; no URL in the stored run config."""
+    from dagster import DagsterInstance
+
+    from ci_cleanup import defs
+
+    from .factories import ago, create
+
+    monkeypatch.setenv("CI_CLEANUP_DATABASE_URL", stack.url())
+    monkeypatch.setenv("CI_CLEANUP_REDIS_URL", stack.redis_url)
+    stale = create(engine, "ci_runner_machines", created_at=ago(days=30), contacted_at=ago(days=8))
+    run_config = {"resources": {"gitlab_db": {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}}}
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`resources: {gitlab_db: {config: {url: {env: CI_CLEANUP_DATABASE_URL}, pool_size: 4}}}`" in readme
+    assert "never paste a URL with its password there" in readme
+
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("stale_runner_machines_cleanup").execute_in_process(
+            run_config=run_config, instance=instance,
+        )
+        stored = instance.get_run_by_id(result.run_id).run_config
+
+    assert result.success
+    assert stored["resources"]["gitlab_db"] == {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM ci_runner_machines WHERE id = :id"), {"id": stale}) == 0
+
+
+def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_instance(stack, tmp_path):
+    """`CI_CLEANUP_DAGSTER_PG_URL=postgresql://…` must not end in "No module named 'psycopg'"."""
+    import json
+    import os
+    import signal
+    import urllib.request
+
+    from .test_code_location import _free_port
+
+    (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    port = _free_port()
+    bare = stack.url("dagster").replace("postgresql+psycopg2://", "postgresql://")
+    process = subprocess.Popen(
+        [BIN / "ci-cleanup", "--data-dir", str(tmp_path / "unused"), "dev", "--port", str(port)],
+        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+                      CI_CLEANUP_DAGSTER_PG_URL=bare, DAGSTER_HOME=str(tmp_path)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None, process.stdout.read()[-3000:]
+                assert time.monotonic() < deadline, "the UI did not come up in 180 s"
+                time.sleep(1)
+        request = urllib.request.Request(  # reads the instance's run storage, in PostgreSQL
+            f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{ runsOrError { __typename } }"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.load(urllib.request.urlopen(request, timeout=30))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+
+    assert answer == {"data": {"runsOrError": {"__typename": "Runs"}}}
+    assert "No module named 'psycopg'" not in output
+    assert process.returncode == 0, output[-3000:]
+    assert not (tmp_path / "unused").exists()  # the configured servers only
