@@ -25,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .definitions import defs
 from .devstack import DEFAULT_DIR, EmbeddedStack
-from .gitlab.schema import SchemaMismatch, create_schema, gitlab_schema, require_columns
+from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
 from .resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, _redis_client, database_url
 from .runs import ROWS_CHANGED
 
@@ -34,7 +34,7 @@ URL_VARS = (DATABASE, REDIS)
 # The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
 NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
 # Tables that hold rows in any real GitLab database: seeding or creating the schema there is refused.
-GITLAB_DATA_TABLES = ("ci_builds", "projects")
+GITLAB_DATA_TABLES = ("p_ci_builds", "ci_builds", "projects")  # p_ci_builds: every partition of builds
 DEBUG_HINT = "(ci-cleanup --debug … shows the traceback)"
 
 
@@ -146,8 +146,8 @@ def cmd_schema_create(args, env, embedded: bool) -> None:
     engine, where = gitlab_engine(env[DATABASE])
     try:
         refuse_gitlab_data(engine, where)
-        print(f"Creating the GitLab schema in {where}", flush=True)
-        create_schema(engine)
+        print(f"Creating the GitLab schema ({args.layout}) in {where}", flush=True)
+        create_schema(engine, args.layout)
     finally:
         engine.dispose()
     print(f"GitLab schema created in {where} (tables that existed were left as they are)")
@@ -169,7 +169,7 @@ def cmd_seed(args, env, embedded: bool) -> None:
               flush=True)
         create_schema(engine)
         with engine.connect() as conn:
-            require_columns(conn, list(gitlab_schema().metadata.sorted_tables))
+            require_columns(conn, list(detect_tables(conn).metadata.sorted_tables))
         seed(engine, client)
         client.close()
     finally:
@@ -380,6 +380,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"), help="'' to skip")
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")
     schema.add_argument("action", choices=["create"])
+    schema.add_argument(
+        "--layout", choices=[PARTITIONED, FLAT], default=PARTITIONED,
+        help="GitLab's builds and artifacts partitioned (GitLab 16 and later) or flat (before)",
+    )
     return parser
 
 

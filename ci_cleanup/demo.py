@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
-from .gitlab.schema import EXPORT_FAILED, EXPORT_FINISHED, EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, gitlab_schema, naive_utc, utc_now
+from .gitlab.schema import EXPORT_FAILED, EXPORT_FINISHED, EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, detect_tables, naive_utc, utc_now
 from .gitlab.sidekiq_status import status_key
 
 
@@ -159,7 +159,8 @@ SEEDERS = [seed_builds, seed_runner_machines, seed_environments, seed_export_job
 
 
 def seed(engine: Engine, redis_client: redis.Redis, *, random_seed: int = 0) -> None:
-    schema, rng, now = gitlab_schema(), random.Random(random_seed), utc_now()
+    rng, now = random.Random(random_seed), utc_now()
     with engine.begin() as conn:
+        schema = detect_tables(conn)  # partitioned or flat, as the database has them
         for seeder in SEEDERS:
             seeder(conn, redis_client, schema, rng, now)

@@ -69,6 +69,24 @@ def test_schema_create_with_only_the_database_url_creates_the_schema_there(serve
     assert not (servers_dir / "schema_db").exists()  # no embedded stack was started
 
 
+def test_schema_create_of_gitlabs_flat_layout_then_the_demo_seed_on_it(servers_dir, scratch_database, stack):
+    env = dict(CI_CLEANUP_DATABASE_URL=scratch_database)
+    done = cli("schema", "create", "--layout", "flat", data_dir=servers_dir / "schema_flat", **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {"ci_builds", "ci_job_artifacts"} <= set(tables_of(scratch_database))
+    assert not {"p_ci_builds", "p_ci_job_artifacts"} & set(tables_of(scratch_database))
+
+    name = make_url(scratch_database).database
+    seeded = cli("seed", "--into", name, data_dir=servers_dir / "schema_flat",
+                 CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=6", **env)
+    assert seeded.returncode == 0, seeded.stdout + seeded.stderr
+    engine = create_engine(scratch_database)
+    with engine.connect() as conn:  # the demo's rows went into the flat tables it found
+        assert conn.scalar(text("SELECT count(*) FROM ci_builds")) > 0
+        assert conn.scalar(text("SELECT count(*) FROM ci_job_artifacts")) > 0
+    engine.dispose()
+
+
 def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(servers_dir, stack):
     done = cli("schema", "create", data_dir=servers_dir / "schema_redis", CI_CLEANUP_REDIS_URL=stack.redis_url)
 
@@ -109,16 +127,16 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(se
 
     assert named.returncode == 0, named.stdout + named.stderr
     assert f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {where} and Redis" in named.stdout
-    assert (count(scratch_database, "ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
+    assert (count(scratch_database, "p_ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
     assert queues.dbsize() == 15  # the exports Sidekiq still has
 
     again = cli("seed", "--into", name, data_dir=servers_dir / "seed", **env)
 
     assert again.returncode == 1
     assert again.stderr.splitlines()[0] == (
-        f"ci-cleanup seed: The database at {where} holds GitLab data (ci_builds is not empty): refusing to write to it"
+        f"ci-cleanup seed: The database at {where} holds GitLab data (p_ci_builds is not empty): refusing to write to it"
     )
-    assert count(scratch_database, "ci_builds") == 220
+    assert count(scratch_database, "p_ci_builds") == 220
     assert not (servers_dir / "seed").exists()
     queues.flushdb()
     queues.close()
@@ -174,7 +192,7 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
     assert "    dropped_count: 120" in done.stdout
     with engine.connect() as conn:
-        assert conn.scalar(text("SELECT count(*) FROM ci_builds WHERE status = 'canceling'")) == 10  # the recent ones
+        assert conn.scalar(text("SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'")) == 10  # the recent ones
 
 
 def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_debug(servers_dir, stack):
