@@ -23,7 +23,7 @@ ASSET = ("gitlab", "project_export_jobs")
 class StuckExportJobsConfig(Config):
     chunk_size: int = Field(
         default=service.CHUNK_SIZE, ge=1, le=10_000,
-        description="Export jobs read, and jids asked of Sidekiq's Redis in one MGET, per chunk",
+        description="Export jobs read, and jids asked of Sidekiq's Redis in one EXISTS pipeline, per chunk",
     )
     relation_exports_grace_hours: int = Field(
         default=int(service.EXPORT_JOBS_EXPIRATION.total_seconds() // 3600), ge=0, le=7 * 24,
