@@ -33,6 +33,7 @@ from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, utc_now
+from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions, redact_redis_url
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
@@ -724,6 +725,100 @@ def test_passwords_in_the_urls_never_reach_run_config_events_logs_or_output(faul
             assert not any(s in stored for s in secrets), run.job_name
     finally:
         instance.dispose()
+
+
+SECRET_PIECES = ("Sx7q", "Wt5n")  # the two halves of every password below: neither may be shown
+REDIS_URLS_HIDING_A_PASSWORD = {
+    "one slash after the scheme": "redis:/:Sx7qWt5n@localhost:6379/0",
+    "no colon after the scheme": "redis//:Sx7qWt5n@localhost:6379/0",
+    "raw # in the password": "redis://:Sx7q#Wt5n@localhost:6379/0",
+    "raw / in the password": "redis://:Sx7q/Wt5n@localhost:6379/0",
+    "raw ? in the password": "redis://:Sx7q?Wt5n@localhost:6379/0",
+    "raw / in a unix socket's password": "unix://:Sx7q/Wt5n@{socket}?db=0",
+    "a password as a query value": "unix://{socket}?db=0&password=Sx7qWt5n",
+}
+
+
+def run_output(result, capfd) -> str:
+    """Everything a failed in-process run showed: its events (with their errors) and the process's stdout/stderr."""
+    captured = capfd.readouterr()
+    return failure_messages(result) + repr(result.all_events) + captured.out + captured.err
+
+
+@pytest.mark.parametrize("shape", sorted(REDIS_URLS_HIDING_A_PASSWORD))
+def test_a_redis_password_is_never_shown_whatever_the_urls_shape(faults, db, capfd, shape):
+    engine, client = db
+    candidate = _export(engine, client)
+    before = row(engine, "project_export_jobs", candidate)
+    url = REDIS_URLS_HIDING_A_PASSWORD[shape].format(socket=faults._redis.socket_file)
+
+    shown = redact_redis_url(url)
+    for queues_url in (None, url):  # as the SharedState URL, and as the Sidekiq queues URL
+        result = stuck_export_jobs.execute_in_process(
+            resources={
+                "gitlab_db": GitLabDatabase(url=faults.url()),
+                "gitlab_redis": GitLabRedis(url=faults.redis_url if queues_url else url, queues_url=queues_url),
+                "run_options": RunOptions(),
+            },
+            instance=DagsterInstance.ephemeral(), raise_on_error=False,
+        )
+        output = run_output(result, capfd)
+        if shape == "a password as a query value":  # a URL that works: the run goes on, the value is never shown
+            assert result.success and shown == f"unix://{faults._redis.socket_file}?db=0&password=***"
+        else:
+            assert not result.success
+            assert "the URL cannot be parsed safely (not shown); percent-encode" in failure_messages(result)
+            assert shown == "<URL not shown: it cannot be parsed safely>"
+        assert [piece for piece in SECRET_PIECES if piece in output + shown] == []
+    if shape != "a password as a query value":
+        assert row(engine, "project_export_jobs", candidate) == before
+
+
+def test_a_redis_password_is_shown_as_stars_in_a_url_that_parses():
+    assert redact_redis_url("redis://:Sx7q@Wt5n@cache:6379/2") == "redis://***@cache:6379/2"
+    assert redact_redis_url("rediss://gitlab:Sx7qWt5n@[::1]:6380") == "rediss://***@[::1]:6380"
+    assert redact_redis_url("unix://:Sx7qWt5n@/run/redis.sock?db=1") == "unix://***@/run/redis.sock?db=1"
+    assert redact_redis_url("redis://cache:6379/0") == "redis://cache:6379/0"
+
+
+DATABASE_URLS_WITH_A_RAW_PASSWORD = {
+    "raw @": "postgresql+psycopg2://postgres:Sx7q@Wt5n@/gitlab?host={socket}",
+    "raw @ and :": "postgresql+psycopg2://postgres:Sx7q@Wt5n:x@/gitlab?host={socket}",
+    "raw :": "postgresql+psycopg2://postgres:Sx7q:Wt5n@/gitlab?host={socket}",
+    "raw @ in the user part": "postgresql+psycopg2://postgres@:Sx7qWt5n@/gitlab?host={socket}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DATABASE_URLS_WITH_A_RAW_PASSWORD))
+def test_a_raw_at_or_colon_in_the_database_password_is_refused_naming_the_fix_and_showing_none_of_it(
+    faults, db, capfd, shape
+):
+    engine, client = db
+    candidate = _machine(engine, client)
+    url = DATABASE_URLS_WITH_A_RAW_PASSWORD[shape].format(socket=faults._socket_dir)
+
+    result = run_job(stale_runner_machines_cleanup, faults, database_url=url, raise_on_error=False)
+
+    assert not result.success
+    output = run_output(result, capfd)
+    assert "CI_CLEANUP_DATABASE_URL has a raw '@' or ':' in its password" in output
+    assert "percent-encode the password" in output
+    assert [piece for piece in SECRET_PIECES if piece in output] == []
+    assert row(engine, "ci_runner_machines", candidate) is not None
+
+
+def test_a_percent_encoded_at_and_colon_in_the_database_password_work(faults, db):
+    engine, client = db
+    candidate = _machine(engine, client)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER USER postgres PASSWORD 'Sx7q@Wt5n:'"))  # test-only: a literal we chose
+    try:
+        url = f"postgresql+psycopg2://postgres:Sx7q%40Wt5n%3A@/gitlab?host={faults._socket_dir}"
+        result = run_job(stale_runner_machines_cleanup, faults, database_url=url)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER USER postgres PASSWORD NULL"))
+    assert result.success and row(engine, "ci_runner_machines", candidate) is None
 
 
 def test_embedded_postgresql_and_redis_listen_on_unix_sockets_only(faults):
