@@ -161,9 +161,27 @@ class GitLabDatabase(ConfigurableResource):
         return gitlab_schema(self.builds_table, self.job_artifacts_table)
 
 
+class RedisRefused(ServiceUnavailable, redis.ResponseError):
+    """A Redis server answered but would not write (read-only replica, out of memory): the message says which and what to do."""
+
+
+def _refusal(error: redis.ResponseError) -> str | None:
+    """What to do about a write Redis refused; None for any other error. A Lua script's refusal is a plain
+    ResponseError carrying ``-READONLY`` / ``-OOM`` in its text."""
+    text = str(error)
+    if isinstance(error, redis.ReadOnlyError) or "-READONLY " in text:
+        return "it is a read-only replica; point the URL at the primary (GitLab writes there too)"
+    if isinstance(error, redis.exceptions.OutOfMemoryError) or "-OOM " in text:
+        return "it is out of memory (maxmemory reached, no eviction); free memory or raise maxmemory"
+    return None
+
+
 def _named(server: str | None, error: Exception) -> Exception:
-    if server is None or isinstance(error, RedisUnavailable):
+    if server is None or isinstance(error, ServiceUnavailable):
         return error
+    if isinstance(error, redis.ResponseError):
+        advice = _refusal(error)
+        return RedisRefused(f"{server} refused a write: {advice} ({error})") if advice else error
     return RedisUnavailable(f"Lost {server}: {error}")
 
 
@@ -173,7 +191,7 @@ class _NamedPipeline(redis.client.Pipeline):
     def execute(self, raise_on_error: bool = True):
         try:
             return super().execute(raise_on_error)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
             raise _named(self.server, e) from None
 
 
@@ -185,7 +203,7 @@ class _NamedRedis(redis.Redis):
     def execute_command(self, *args, **options):
         try:
             return super().execute_command(*args, **options)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
             raise _named(self.server, e) from None
 
     def pipeline(self, transaction=True, shard_hint=None) -> redis.client.Pipeline:

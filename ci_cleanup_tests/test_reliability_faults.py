@@ -235,6 +235,33 @@ def test_redis_stopped_before_the_runs_fails_each_job_that_uses_it_naming_redis_
     client.close()
 
 
+REDIS_REFUSING_WRITES = {
+    # A replica of a primary that does not answer: it keeps its data, answers reads and refuses every write.
+    "read-only replica": (lambda c: c.replicaof("127.0.0.1", "1"), lambda c: c.replicaof("NO", "ONE"),
+                          "refused a write: it is a read-only replica; point the URL at the primary"),
+    "out of memory": (lambda c: c.config_set("maxmemory", 1), lambda c: c.config_set("maxmemory", 0),
+                      "refused a write: it is out of memory (maxmemory reached, no eviction); free memory or raise maxmemory"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REDIS_REFUSING_WRITES))
+def test_redis_refusing_writes_fails_each_job_naming_which_redis_and_what_to_do(faults, db, refusal):
+    engine, client = db
+    made = {name: case.make(engine, client) for name, case in CASES.items() if LEASES.get(name) or "bulk" in name}
+    before = {name: row(engine, CASES[name].table, made[name]) for name in made}
+    refuse, accept, advice = REDIS_REFUSING_WRITES[refusal]
+    client.config_set("maxmemory-policy", "noeviction")
+    refuse(client)
+    try:
+        messages = {name: failure_messages(run_job(CASES[name].job, faults, raise_on_error=False)) for name in made}
+    finally:
+        accept(client)
+    for name, message in messages.items():
+        assert f"Redis (CI_CLEANUP_REDIS_URL) at {faults.redis_url} {advice}" in message, (name, message)
+        assert row(engine, CASES[name].table, made[name]) == before[name], name
+    assert client.keys("*") == []  # no lease, no bucket: nothing was written
+
+
 @pytest.mark.parametrize("name", ["drop_canceling_builds", "environments_auto_stop", "stuck_export_jobs"])
 def test_postgresql_connection_killed_mid_run_fails_naming_postgresql_leaves_no_partial_rows_and_frees_the_lease(faults, db, name):
     """The run's statement waits on a row we lock; its backend is then terminated (a failover, an admin)."""
