@@ -8,8 +8,9 @@ executor runs the workers side by side, ``max_concurrent`` bounding them.
 GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: steps may run one
 after another (the in-process executor), and a worker taking "any" would often re-take the bucket
 the previous one just released and leave others unprocessed. A bucket another process holds is
-simply not processed by this run, as in GitLab. Free buckets at or above max_buckets (left by a
-scale-down) get a worker too, which retires them.
+simply not processed by this run, as in GitLab. Free members at or above max_buckets (left by a
+scale-down) or not written as GitLab writes them ("007") are retired by schedule_buckets in one step,
+so a run never has more than max_buckets workers.
 
 ``delete_expired_artifact_files``: drains ``ci_deleted_objects`` (GitLab's ``Ci::DeleteObjectsWorker``).
 """
@@ -75,6 +76,8 @@ def _bucket_metadata(buckets: artifact_buckets.ScheduledBuckets | None) -> dict:
         "occupied_count": buckets.occupied_count,
         "stale_count": buckets.stale_count,
         "missing_count": buckets.missing_count,
+        "stray_count": buckets.stray_count,
+        "strays": list(buckets.strays),
     }
 
 
@@ -108,9 +111,14 @@ def schedule_buckets(
         )
         return
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
+    if buckets.stray_count:
+        context.log.warning(
+            f"Retired {buckets.stray_count} stray members of {artifact_buckets.AVAILABLE_KEY} (not a bucket below "
+            f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
+        )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     yield Output(BulkDeletePlan(status="run", buckets=buckets, **limits), "plan", metadata=_bucket_metadata(buckets))
-    for bucket in [*range(flags.max_buckets), *buckets.above_max]:
+    for bucket in range(flags.max_buckets):
         yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
 
 
