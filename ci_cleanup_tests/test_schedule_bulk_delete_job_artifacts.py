@@ -712,3 +712,37 @@ def test_files_job_invalid_config_is_refused_before_anything_is_removed(stack, e
 
 def test_files_job_runs_every_10_minutes_in_utc():
     assert (delete_expired_artifact_files_schedule.cron_schedule, delete_expired_artifact_files_schedule.execution_timezone) == ("*/10 * * * *", "UTC")
+
+
+@pytest.mark.parametrize("link", ["store_dir", "hashed path's first folder", "file"])
+def test_files_job_never_follows_a_symbolic_link_below_the_root(stack, engine, redis_client, tmp_path, no_root_env, link):
+    """``root/evil -> /outside``: the text of the path stays inside the root, the file it leads to does not."""
+    root, outside = tmp_path / "artifacts", tmp_path / "outside"
+    root.mkdir()
+    victim = stored_file(outside, "ab/cd/abcd/2024_01_01/7/1", "victim")
+    if link == "store_dir":
+        (root / "evil").symlink_to(outside / "ab/cd/abcd/2024_01_01/7/1")
+        store_dir, file = "evil", "victim"
+    elif link == "hashed path's first folder":
+        (root / "ab").symlink_to(outside / "ab")
+        store_dir, file = "ab/cd/abcd/2024_01_01/7/1", "victim"
+    else:
+        (root / "ab").mkdir()
+        (root / "ab" / "victim").symlink_to(victim)
+        store_dir, file = "ab", "victim"
+    refused = deleted_object_row(engine, store_dir=store_dir, file=file)
+    inside = stored_file(root, "cd/ef/cdef/2024_01_01/8/2")
+    removed = deleted_object_row(engine, store_dir="cd/ef/cdef/2024_01_01/8/2")
+
+    would = op_metadata(
+        run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root), dry_run=True),
+        "remove_expired_artifact_files",
+    )
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root))
+
+    assert victim.read_bytes() == b"zip" and not inside.exists()
+    assert ids(engine, "ci_deleted_objects") == [refused] and removed not in ids(engine, "ci_deleted_objects")
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["status"], report["rows_changed"], report["files_removed"], report["refused_count"]) == ("success", 1, 1, 1)
+    assert report["refused"][0].startswith(f"row {refused}: ") and "is a symbolic link" in report["refused"][0]
+    assert (would["would_refused"], would["would_removed"], would["refused"][0]) == (1, 1, report["refused"][0])
