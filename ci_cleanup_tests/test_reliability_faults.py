@@ -23,7 +23,7 @@ import pytest
 import redis
 from dagster import DagsterInstance
 from pgserver._commands import pg_ctl
-from sqlalchemy import create_engine, text
+from sqlalchemy import TIMESTAMP, cast, create_engine, literal, text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.devstack import EmbeddedStack, _wait_gone
@@ -34,13 +34,13 @@ from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, utc_now
 from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions, redact_redis_url
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .conftest import scratch_database_of
-from .factories import ago, backend_waiting_on_lock, create, naive_ago, row
+from .factories import ago, backend_waiting_on_lock, create, ids, naive_ago, row
 from .runner import op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -537,6 +537,56 @@ def test_nulls_in_artifacts_without_created_at_a_stored_file_is_left_not_orphane
         assert conn.execute(text("SELECT store_dir, file FROM ci_deleted_objects ORDER BY id")).all() == [
             ("aa/bb/final", "b.zip")
         ]
+
+
+def in_new_york(stack) -> str:
+    """The stack's GitLab database, in sessions whose time zone is west of UTC."""
+    return stack.url() + "&options=-c%20TimeZone%3DAmerica/New_York"
+
+
+def timestamptz(value: str):
+    return cast(literal(value), TIMESTAMP(timezone=True))
+
+
+def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are_deleted_and_block_nothing(
+    faults, db, tmp_path
+):
+    """Year 1 read west of UTC is "year -1" for Python; '-infinity' and BC sort before year 1; project_id + job_id
+    past 2^63-1 overflows bigint. Each was a row that failed every run, or was never deleted."""
+    engine, client = db
+    enable_bulk_delete(engine)
+    made = {
+        "year 1": create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=timestamptz("0001-01-01 00:00+00")),
+        "-infinity": create(engine, "ci_job_artifacts", project_id=10, job_id=1001, expire_at=timestamptz("-infinity")),
+        "BC": create(engine, "ci_job_artifacts", project_id=10, job_id=1002, expire_at=timestamptz("0044-03-15 12:00:00+00 BC")),
+        "past bigint": create(engine, "ci_job_artifacts", project_id=2**63 - 10, job_id=100, expire_at=ago(hours=2)),
+        "ordinary": create(engine, "ci_job_artifacts", project_id=10, job_id=1003, expire_at=ago(hours=2)),
+    }
+    # ci_deleted_objects rows as GitLab may write them, pick_up_at unclamped.
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at) VALUES "
+            "(1, 'aa/bb/1', 'a.zip', 1, '0001-01-01 00:00:00+00'), (1, 'aa/bb/2', 'a.zip', 1, '-infinity'), "
+            "(1, 'aa/bb/3', 'a.zip', 1, '0044-03-15 00:00:00+00 BC')"
+        ))
+
+    result = run_job(schedule_bulk_delete_job_artifacts, faults, database_url=in_new_york(faults))
+
+    assert result.success
+    assert {name: row(engine, "ci_job_artifacts", made[name]) for name in made} == dict.fromkeys(made)
+    report = op_metadata(result, "report_bulk_delete")
+    assert (report["destroyed_job_artifacts_count"], report["deleted_objects_created"]) == (5, 5)
+    with engine.connect() as conn:
+        picked = conn.scalars(text("SELECT pick_up_at FROM ci_deleted_objects WHERE id > 3 ORDER BY id")).all()
+    assert all(abs(p - ago(days=1)) < dt.timedelta(minutes=5) for p in picked[:3])  # clamped to a day back
+
+    files = run_job(
+        delete_expired_artifact_files, faults, database_url=in_new_york(faults),
+        run_config={"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(tmp_path)}}}},
+    )
+
+    assert files.success
+    assert (op_metadata(files, "report_removed_artifact_files")["files_missing"], ids(engine, "ci_deleted_objects")) == (8, [])
 
 
 # --- bad input: config values ----------------------------------------------------------------------------

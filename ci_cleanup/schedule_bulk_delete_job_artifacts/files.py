@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, delete, func, select, tuple_
+from sqlalchemy import ColumnElement, Text, cast, delete, func, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
@@ -163,10 +163,14 @@ def destroy_batch(
     """One transaction: lock the next due rows, remove their files, delete the rows whose file is gone.
 
     Rows are paged by ``(pick_up_at, id)`` so a row that is left is not taken again in the same run.
-    Returns the batch and the page key to continue after (None when no row was left to take).
+    Returns the batch and the page key to continue after (None when no row was left to take). The key
+    holds pick_up_at as PostgreSQL's text: a row GitLab wrote with a year-1 or BC pick_up_at has no
+    Python datetime, and must not stop every run.
     """
     d = schema.ci_deleted_objects
-    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, d.c.pick_up_at).where(due(schema, now))
+    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, cast(d.c.pick_up_at, Text).label("pick_up_at")).where(
+        due(schema, now)
+    )
     if after is not None:
         query = query.where(tuple_(d.c.pick_up_at, d.c.id) > after)
     query = query.order_by(d.c.pick_up_at, d.c.id).limit(batch_size).with_for_update(skip_locked=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import redis
 from sqlalchemy import (
-    BigInteger, ColumnElement, FromClause, Integer, Select, Text, and_, any_, bindparam, case, cast, delete, func, insert, or_, select, tuple_,
+    BigInteger, ColumnElement, FromClause, Integer, Numeric, Select, Text, and_, any_, bindparam, case, cast, delete,
+    func, insert, or_, select, tuple_,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
 from sqlalchemy.engine import Connection, Engine, Row
@@ -34,7 +35,10 @@ MAX_BUCKETS_HIGH_CONCURRENCY = 10
 BATCH_SIZE = 100
 MAX_BATCHES = 500
 MAX_RUNTIME = dt.timedelta(minutes=5)
-START = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)  # a worker's cursor (expire_at, id) before its first batch
+# A worker's cursor (expire_at, id) before its first batch: before any expire_at, '-infinity' and BC dates included.
+# The cursor stays PostgreSQL's text of the timestamp, never a Python datetime: those stop at year 1, and
+# a year-1 expire_at read in a session west of UTC is "year -1"; the text goes back into the next batch exactly.
+START = ("-infinity", 0)
 # ci_deleted_objects.pick_up_at = expire_at, but never more than a day back nor an hour ahead.
 PICK_UP_AT_EARLIEST = dt.timedelta(days=1)
 PICK_UP_AT_LATEST = dt.timedelta(hours=1)
@@ -81,7 +85,8 @@ def expired_in_bucket(
         a.c.expire_at < now,
         a.c.file_type != ARTIFACT_TRACE,
         a.c.locked == ARTIFACT_UNLOCKED,
-        func.mod(a.c.project_id + a.c.job_id, max_buckets) == bucket,
+        # In numeric: a project_id + job_id past 2^63-1 (a bad row) would make bigint's + fail every batch.
+        func.mod(cast(a.c.project_id, Numeric) + a.c.job_id, max_buckets) == bucket,
         # A stored file's location needs created_at (GitLab's hashed path) unless file_final_path names it:
         # such a row is left for an admin rather than deleted with its file orphaned (GitLab raises on it).
         or_(a.c.file.is_(None), a.c.file_final_path.is_not(None), a.c.created_at.is_not(None)),
@@ -222,7 +227,7 @@ def batch_statement(schema: GitLabSchema) -> Select:
     return select(
         flags.c.enabled,
         flags.c.max_buckets,
-        select(last.c.expire_at).scalar_subquery().label("last_expire_at"),
+        select(cast(last.c.expire_at, Text)).scalar_subquery().label("last_expire_at"),
         select(last.c.id).scalar_subquery().label("last_id"),
         select(func.array_agg(aggregate_order_by(deleted.c.id, deleted.c.id))).scalar_subquery().label("ids"),
         select(cast(func.coalesce(func.sum(deleted.c.size), 0), BigInteger)).scalar_subquery().label("size"),
