@@ -6,19 +6,30 @@
 | errors / repeated failures (001, 003; 004: 3 in a row) | ``run_failed_alert`` on every failure, ``repeated_failures_alert`` at 3 in a row |
 | MAX_DELETIONS reached every run (001) | ``max_deletions_backlog_alert`` |
 | (beyond the seeds) a lease that never expires, or a job skipped run after run | ``lease_held_alert`` |
+| (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it, then ``run_failed_alert`` |
+
+Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
 """
 
 from __future__ import annotations
 
+import os
+
+import psutil
 from dagster import (
+    DagsterEventType,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunsFilter,
     RunStatusSensorContext,
+    SensorEvaluationContext,
+    SkipReason,
     run_failure_sensor,
     run_status_sensor,
+    sensor,
 )
+from dagster._core.launcher import DefaultRunLauncher
 
 from .alerts import send_alert
 from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, SKIPPED_TAG
@@ -26,13 +37,21 @@ from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, SKIPPED_TAG
 FAILURES_IN_A_ROW = 3  # seed 004: 連続3回失敗
 BACKLOG_RUNS = 3  # seed 001: 毎回MAX_DELETIONS到達 — three hourly runs in a row
 SKIPPED_RUNS = 3  # runs in a row that did nothing because the lease was held
+INTERVAL_ENV = "CI_CLEANUP_SENSOR_INTERVAL_SECONDS"
+INTERVAL_SECONDS = int(os.environ.get(INTERVAL_ENV, "30"))
+# A process created up to this long after the run worker logged its pid is still that worker: /proc's
+# start times count from a boot time rounded to the second.
+START_TIME_SLACK_SECONDS = 1.0
 
 
 def _last_runs(context, job_name: str, limit: int, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)):
     return context.instance.get_runs(RunsFilter(job_name=job_name, statuses=list(statuses)), limit=limit)
 
 
-@run_failure_sensor(default_status=DefaultSensorStatus.RUNNING, description="Alert on every failed ci_cleanup run")
+@run_failure_sensor(
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Alert on every failed ci_cleanup run",
+)
 def run_failed_alert(context: RunFailureSensorContext):
     run = context.dagster_run
     send_alert(
@@ -42,7 +61,8 @@ def run_failed_alert(context: RunFailureSensorContext):
 
 
 @run_failure_sensor(
-    default_status=DefaultSensorStatus.RUNNING, description=f"Alert when a job failed {FAILURES_IN_A_ROW} runs in a row"
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description=f"Alert when a job failed {FAILURES_IN_A_ROW} runs in a row",
 )
 def repeated_failures_alert(context: RunFailureSensorContext):
     run = context.dagster_run
@@ -56,6 +76,7 @@ def repeated_failures_alert(context: RunFailureSensorContext):
 
 @run_status_sensor(
     run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
     description=f"Alert when a cleanup hit its deletion cap {BACKLOG_RUNS} runs in a row: a backlog is building up",
 )
 def max_deletions_backlog_alert(context: RunStatusSensorContext):
@@ -73,6 +94,7 @@ def max_deletions_backlog_alert(context: RunStatusSensorContext):
 
 @run_status_sensor(
     run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
     description=f"Alert when a run skipped on a lease that has no TTL, or a job skipped {SKIPPED_RUNS} runs in a row",
 )
 def lease_held_alert(context: RunStatusSensorContext):
@@ -97,4 +119,58 @@ def lease_held_alert(context: RunStatusSensorContext):
         )
 
 
-alert_sensors = [run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert, lease_held_alert]
+def worker_alive(pid: int, logged_at: float) -> bool:
+    """Whether the run worker that logged ``pid`` at ``logged_at`` still runs: after a reboot the pid may
+    belong to another process, created after the worker logged it."""
+    try:
+        process = psutil.Process(pid)
+        started = process.create_time()
+        return process.status() != psutil.STATUS_ZOMBIE and started <= logged_at + START_TIME_SLACK_SECONDS
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _worker_pid(instance, run_id: str) -> tuple[int, float] | None:
+    """The run worker's pid and when it logged it (Dagster's "Started process for run (pid: N)." engine event)."""
+    for record in reversed(instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)):
+        pid = record.dagster_event.engine_event_data.metadata.get("pid") if record.dagster_event else None
+        if pid is not None:
+            return int(pid.value), record.timestamp
+    return None
+
+
+@sensor(
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Fail a run whose worker process is gone without reporting (host crash, SIGKILL), so it alerts and "
+    "the job's next runs are no longer queued behind it",
+)
+def dead_run_worker_check(context: SensorEvaluationContext):
+    """Run monitoring asks the run launcher whether a run's worker is healthy, and Dagster's default launcher
+    cannot tell: a run whose worker died stays STARTED until its ``dagster/max_runtime`` (up to 50 minutes),
+    with the job's next runs queued behind it (one run per job at a time). With that launcher the workers are
+    children of the code server that evaluates this sensor, on this host: look at their pids."""
+    instance = context.instance
+    if not isinstance(instance.run_launcher, DefaultRunLauncher):
+        return SkipReason("The run launcher checks its run workers' health itself (run monitoring)")
+    failed = []
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED])):
+        logged = _worker_pid(instance, run.run_id)
+        if logged is None or worker_alive(*logged):
+            continue
+        # Read again once the worker is known gone: a run that ended normally reported it before its worker exited.
+        run = instance.get_run_by_id(run.run_id)
+        if run is None or run.status != DagsterRunStatus.STARTED:
+            continue
+        instance.report_run_failed(
+            run,
+            f"The run worker (pid {logged[0]}) is gone without reporting the end of the run (host crash, SIGKILL, "
+            "OOM kill); marked failed by dead_run_worker_check. Rows are whole (each batch is one transaction); "
+            "a lease the run held expires with its TTL",
+        )
+        failed.append(run.run_id)
+    return SkipReason(f"Marked failed, their workers gone: {failed}" if failed else "Every started run's worker lives")
+
+
+alert_sensors = [
+    run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert, lease_held_alert, dead_run_worker_check,
+]

@@ -211,6 +211,9 @@ schedule_bulk_delete_job_artifacts_schedule = ScheduleDefinition(
 
 
 ARTIFACTS_ROOT_ENV = "CI_CLEANUP_ARTIFACTS_ROOT"
+# The files job runs every 10 minutes: a run still going when the next is due is failed (and alerted) by
+# run monitoring rather than left to hold the run queue.
+FILES_MAX_RUNTIME_SECONDS = 10 * 60
 
 
 class DeleteExpiredArtifactFilesConfig(Config):
@@ -309,7 +312,10 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
 
 @job(
     description="Beyond seed 004: remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
-    tags={"ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004"},
+    tags={
+        "ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004",
+        "dagster/max_runtime": str(FILES_MAX_RUNTIME_SECONDS),
+    },
 )
 def delete_expired_artifact_files():
     plan = plan_artifact_file_removal()

@@ -18,6 +18,9 @@ from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
+# No lease bounds this hourly job: run monitoring fails a run still going at half the hour, which alerts
+# and frees the run queue for the next one.
+MAX_RUNTIME_SECONDS = 30 * 60
 
 
 class StuckExportJobsConfig(Config):
@@ -131,7 +134,10 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
 
 @job(
     description="Seed 002: fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
-    tags={"ci_cleanup/job": "stuck_export_jobs", "ci_cleanup/seed": "002"},
+    tags={
+        "ci_cleanup/job": "stuck_export_jobs", "ci_cleanup/seed": "002",
+        "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
+    },
 )
 def stuck_export_jobs():
     plan = find_enqueued_export_jobs()
