@@ -130,12 +130,16 @@ def worker_alive(pid: int, logged_at: float) -> bool:
         return False
 
 
+WORKER_STARTED = "Started process for run"  # the engine event a launched run's worker logs first, with its pid
+
+
 def _worker_pid(instance, run_id: str) -> tuple[int, float] | None:
-    """The run worker's pid and when it logged it (Dagster's "Started process for run (pid: N)." engine event)."""
-    for record in reversed(instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)):
-        pid = record.dagster_event.engine_event_data.metadata.get("pid") if record.dagster_event else None
-        if pid is not None:
-            return int(pid.value), record.timestamp
+    """The run worker's pid and when it logged it. Only that event: the multiprocess executor's step processes
+    log pids too, and each exits when its step is done while the run goes on."""
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        if record.dagster_event and (record.dagster_event.message or "").startswith(WORKER_STARTED):
+            pid = record.dagster_event.engine_event_data.metadata.get("pid")
+            return (int(pid.value), record.timestamp) if pid is not None else None
     return None
 
 

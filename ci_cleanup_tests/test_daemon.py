@@ -163,3 +163,57 @@ def test_a_run_killed_with_its_whole_host_is_failed_and_alerted_and_the_jobs_nex
         daemon.terminate()
         daemon.wait(60)
     assert ids(engine, "ci_runner_machines") == []  # the dead run's batch rolled back whole; the next run deleted all
+
+
+
+def test_dead_run_worker_check_fails_only_runs_whose_worker_is_gone(tmp_path):
+    """A step process that finished (the multiprocess executor logs its pid too) is not the run's worker."""
+    from dagster import build_sensor_context
+    from dagster._core.events import EngineEventData
+    from dagster._core.test_utils import create_run_for_test
+
+    from ci_cleanup.sensors import dead_run_worker_check
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+
+        def started_run(worker_pid: int, step_pid: int | None = None):
+            run = create_run_for_test(instance, job_name="stuck_export_jobs", status=DagsterRunStatus.STARTED)
+            instance.report_engine_event(
+                f"Started process for run (pid: {worker_pid}).", run, EngineEventData.in_process(worker_pid)
+            )
+            if step_pid is not None:
+                instance.report_engine_event(
+                    f"Executing steps in process (pid: {step_pid})", run,
+                    EngineEventData.in_process(step_pid, ["fail_stuck_export_jobs"]),
+                )
+            return run
+
+        alive = started_run(os.getpid(), step_pid=exited.pid)  # this process: started before it logged its pid
+        gone = started_run(exited.pid)
+        never_logged = create_run_for_test(instance, job_name="stuck_export_jobs", status=DagsterRunStatus.STARTED)
+
+        dead_run_worker_check(build_sensor_context(instance=instance))
+
+        status = {name: instance.get_run_by_id(run.run_id).status for name, run in
+                  {"alive": alive, "gone": gone, "never_logged": never_logged}.items()}
+        assert status == {
+            "alive": DagsterRunStatus.STARTED, "gone": DagsterRunStatus.FAILURE,
+            "never_logged": DagsterRunStatus.STARTED,
+        }
+        [failure] = instance.all_logs(gone.run_id, of_type=DagsterEventType.RUN_FAILURE)
+        assert f"The run worker (pid {exited.pid}) is gone without reporting" in failure.message
+
+
+def test_a_pid_held_by_a_process_started_after_the_worker_logged_it_is_not_the_worker():
+    """After a reboot the dead worker's pid may be another process's: it started after the worker logged it."""
+    from ci_cleanup.sensors import worker_alive
+
+    newcomer = subprocess.Popen(["sleep", "60"])
+    try:
+        assert worker_alive(newcomer.pid, logged_at=time.time() + 5)
+        assert not worker_alive(newcomer.pid, logged_at=time.time() - 60)
+    finally:
+        newcomer.kill()
+        newcomer.wait()
