@@ -6,6 +6,7 @@
 | errors / repeated failures (001, 003; 004: 3 in a row) | ``run_failed_alert`` on every failure, ``repeated_failures_alert`` at 3 in a row |
 | MAX_DELETIONS reached every run (001) | ``max_deletions_backlog_alert`` |
 | (beyond the seeds) a lease that never expires, or a job skipped run after run | ``lease_held_alert`` |
+| (beyond the seeds) rows a green run reported and stepped over (an error, a refused path) | ``rows_with_errors_alert`` |
 | (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it, then ``run_failed_alert`` |
 
 Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
@@ -32,7 +33,7 @@ from dagster import (
 from dagster._core.launcher import DefaultRunLauncher
 
 from .alerts import send_alert
-from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, SKIPPED_TAG
+from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, ROWS_WITH_ERRORS_TAG, SKIPPED_TAG
 
 FAILURES_IN_A_ROW = 3  # seed 004: 連続3回失敗
 BACKLOG_RUNS = 3  # seed 001: 毎回MAX_DELETIONS到達 — three hourly runs in a row
@@ -119,6 +120,23 @@ def lease_held_alert(context: RunStatusSensorContext):
         )
 
 
+@run_status_sensor(
+    run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Alert when a run succeeded but stepped over rows it could not process (errors, refused paths)",
+)
+def rows_with_errors_alert(context: RunStatusSensorContext):
+    """A bad row is reported and stepped over, never blocks the others: the run is green, so say it here."""
+    run = context.dagster_run
+    if count := run.tags.get(ROWS_WITH_ERRORS_TAG):
+        send_alert(
+            "rows_with_errors",
+            f"ci_cleanup: {run.job_name} run {run.run_id} left {count} rows it could not process; "
+            "the run's metadata (errors, refused) says which and why",
+            job=run.job_name, run_id=run.run_id, rows=int(count),
+        )
+
+
 def worker_alive(pid: int, logged_at: float) -> bool:
     """Whether the run worker that logged ``pid`` at ``logged_at`` still runs: after a reboot the pid may
     belong to another process, created after the worker logged it."""
@@ -176,5 +194,6 @@ def dead_run_worker_check(context: SensorEvaluationContext):
 
 
 alert_sensors = [
-    run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert, lease_held_alert, dead_run_worker_check,
+    run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert, lease_held_alert, rows_with_errors_alert,
+    dead_run_worker_check,
 ]

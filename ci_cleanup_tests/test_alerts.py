@@ -199,3 +199,31 @@ def test_a_job_skipped_three_runs_in_a_row_on_a_held_lease_is_alerted(stack, eng
     assert (webhook[0]["alert"], webhook[0]["job"]) == ("skipped_in_a_row", "drop_canceling_builds")
     assert webhook[0]["run_ids"][0] == result.run_id and len(webhook[0]["run_ids"]) == SKIPPED_RUNS
     assert "ci_cleanup/lease_without_ttl" not in instance.get_run_by_id(result.run_id).tags
+
+
+def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, webhook, tmp_path):
+    """A ci_deleted_objects row through a symbolic link is refused and kept; the run goes on and is green."""
+    from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files
+    from ci_cleanup.sensors import rows_with_errors_alert
+
+    from .factories import ago, create, ids
+
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / "evil").symlink_to(tmp_path)
+    (tmp_path / "victim").write_bytes(b"zip")
+    refused = create(engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, pick_up_at=ago(hours=1))
+    instance = DagsterInstance.ephemeral()
+    config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}
+
+    result = run_job(delete_expired_artifact_files, stack, run_config=config, instance=instance)
+    rows_with_errors_alert(build_run_status_sensor_context(
+        sensor_name="s", dagster_event=result.get_run_success_event(), dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ))
+
+    assert (tmp_path / "victim").read_bytes() == b"zip" and ids(engine, "ci_deleted_objects") == [refused]
+    assert instance.get_run_by_id(result.run_id).tags["ci_cleanup/rows_with_errors"] == "1"
+    assert [(a["alert"], a["job"], a["run_id"], a["rows"]) for a in webhook] == [
+        ("rows_with_errors", "delete_expired_artifact_files", result.run_id, 1)
+    ]

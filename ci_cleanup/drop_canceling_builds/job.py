@@ -12,7 +12,7 @@ from pydantic import Field
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
     skip_for_held_lease, table, track_exception,
 )
 from . import service
@@ -126,6 +126,7 @@ def report_dropped_builds(
             "changed_concurrently_count": result.changed_concurrently,
             "left_count": result.left,
             "batches": result.batches,
+            ROWS_WITH_ERRORS: len(result.errors),
             "errors": [f"build {build_id}: {error}" for build_id, error in result.errors[:MAX_IDS_REPORTED]],
         }
     )

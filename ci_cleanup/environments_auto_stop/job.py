@@ -13,7 +13,7 @@ from pydantic import Field
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
     skip_for_held_lease, track_exception,
 )
 from . import service
@@ -155,6 +155,7 @@ def report_auto_stop(
             "left_untouched_count": counts[service.LEFT_UNTOUCHED] + counts[service.CHANGED_CONCURRENTLY],
             "changed_concurrently_count": counts[service.CHANGED_CONCURRENTLY],
             "failed_count": counts[service.FAILED],
+            ROWS_WITH_ERRORS: counts[service.FAILED],
             "stop_actions_started": result.stop_actions_started if ran else 0,
             "loops": result.loops,
             "limit_reached": result.limit_reached,

@@ -37,7 +37,7 @@ from pydantic import Field
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run, table, track_exception
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, table, track_exception
 from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
@@ -302,6 +302,7 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
             "object_storage_left": result.object_storage,
             "local_left_without_root": result.no_root,
             "refused_count": len(result.refused),
+            ROWS_WITH_ERRORS: len(result.refused),
             "refused": [f"row {i}: {why}" for i, why in result.refused[:MAX_IDS_REPORTED]],
             "batches": result.batches,
             "due_count": sum(plan.due_by_store.values()),

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, redact_redis_url
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run, track_exception
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, track_exception
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
@@ -125,6 +125,7 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
             "parallel_in_grace_count": result.parallel_in_grace,
             "chunks": result.chunks,
             "errors_count": result.errors_count,
+            ROWS_WITH_ERRORS: result.errors_count,
             "errors": [f"export job {job_id}: {error}" for job_id, error in result.errors],
         }
     )
