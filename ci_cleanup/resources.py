@@ -88,9 +88,8 @@ def redact_redis_url(url: str) -> str:
         return UNSHOWN_URL
     if parts.scheme != "unix" and not re.fullmatch(r"(/[0-9]*)?", parts.path):
         return UNSHOWN_URL
-    query = "&".join(
-        f"{quote(k)}={v if k == 'db' and v.isdigit() else '***'}" for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    )
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{quote(k)}={v if k == 'db' and v.isdigit() else '***'}" for k, v in pairs)
     return f"{parts.scheme}://{'***@' if at else ''}{host}{parts.path}{'?' if query else ''}{query}"
 
 
@@ -162,7 +161,7 @@ class GitLabDatabase(ConfigurableResource):
 
 
 class RedisRefused(ServiceUnavailable, redis.ResponseError):
-    """A Redis server answered but would not write (read-only replica, out of memory): the message says which and what to do."""
+    """A Redis server answered but would not write (read-only replica, out of memory): says which, and what to do."""
 
 
 def _refusal(error: redis.ResponseError) -> str | None:

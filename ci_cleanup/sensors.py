@@ -6,8 +6,8 @@
 | errors / repeated failures (001, 003; 004: 3 in a row) | ``run_failed_alert`` on every failure, ``repeated_failures_alert`` at 3 in a row |
 | MAX_DELETIONS reached every run (001) | ``max_deletions_backlog_alert`` |
 | (beyond the seeds) a lease that never expires, or a job skipped run after run | ``lease_held_alert`` |
-| (beyond the seeds) rows a green run reported and stepped over (an error, a refused path) | ``rows_with_errors_alert`` |
-| (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it, then ``run_failed_alert`` |
+| (beyond the seeds) rows a green run stepped over (an error, a refused path) | ``rows_with_errors_alert`` |
+| (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it; ``run_failed_alert`` |
 
 Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
 """

@@ -163,9 +163,11 @@ def test_a_lease_with_no_ttl_skips_as_gitlab_does_and_is_alerted(stack, engine, 
     module = {"drop_canceling_builds": drop, "environments_auto_stop": auto_stop}[job_name]
     job = getattr(module, job_name)
     if module is drop:
-        table, candidate = "ci_builds", create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+        table = "ci_builds"
+        candidate = create(engine, table, created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
     else:
-        table, candidate = "environments", create(engine, "environments", auto_stop_at=ago(hours=1), auto_stop_setting=0)
+        table = "environments"
+        candidate = create(engine, table, auto_stop_at=ago(hours=1), auto_stop_setting=0)
     before = row(engine, table, candidate)
     key = PREFIX + module.LEASE_KEY
     redis_client.set(key, "someone-by-hand")  # no EX: never expires
@@ -174,7 +176,9 @@ def test_a_lease_with_no_ttl_skips_as_gitlab_does_and_is_alerted(stack, engine, 
     result, op_metadata = skipped_run(job, stack, instance, lease_held_alert)
 
     assert row(engine, table, candidate) == before  # still skipped, as GitLab does
-    plan_op = {"drop_canceling_builds": "find_canceling_builds", "environments_auto_stop": "find_auto_stoppable_environments"}
+    plan_op = {
+        "drop_canceling_builds": "find_canceling_builds", "environments_auto_stop": "find_auto_stoppable_environments"
+    }
     plan = op_metadata(result, plan_op[job_name])
     assert (plan["status"], plan["lease_ttl_seconds"]) == ("skipped: lease held", -1)
     tags = instance.get_run_by_id(result.run_id).tags
@@ -212,7 +216,9 @@ def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, 
     root.mkdir()
     (root / "evil").symlink_to(tmp_path)
     (tmp_path / "victim").write_bytes(b"zip")
-    refused = create(engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, pick_up_at=ago(hours=1))
+    refused = create(
+        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, pick_up_at=ago(hours=1)
+    )
     instance = DagsterInstance.ephemeral()
     config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}
 

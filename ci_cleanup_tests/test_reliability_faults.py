@@ -34,7 +34,10 @@ from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, utc_now
 from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions, redact_redis_url
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts,
+)
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
@@ -240,7 +243,8 @@ REDIS_REFUSING_WRITES = {
     "read-only replica": (lambda c: c.replicaof("127.0.0.1", "1"), lambda c: c.replicaof("NO", "ONE"),
                           "refused a write: it is a read-only replica; point the URL at the primary"),
     "out of memory": (lambda c: c.config_set("maxmemory", 1), lambda c: c.config_set("maxmemory", 0),
-                      "refused a write: it is out of memory (maxmemory reached, no eviction); free memory or raise maxmemory"),
+                      "refused a write: it is out of memory (maxmemory reached, no eviction); "
+                      "free memory or raise maxmemory"),
 }
 
 
@@ -556,9 +560,13 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     engine, client = db
     enable_bulk_delete(engine)
     made = {
-        "year 1": create(engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=timestamptz("0001-01-01 00:00+00")),
+        "year 1": create(
+            engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=timestamptz("0001-01-01 00:00+00")
+        ),
         "-infinity": create(engine, "ci_job_artifacts", project_id=10, job_id=1001, expire_at=timestamptz("-infinity")),
-        "BC": create(engine, "ci_job_artifacts", project_id=10, job_id=1002, expire_at=timestamptz("0044-03-15 12:00:00+00 BC")),
+        "BC": create(
+            engine, "ci_job_artifacts", project_id=10, job_id=1002, expire_at=timestamptz("0044-03-15 12:00:00+00 BC")
+        ),
         "past bigint": create(engine, "ci_job_artifacts", project_id=2**63 - 10, job_id=100, expire_at=ago(hours=2)),
         "ordinary": create(engine, "ci_job_artifacts", project_id=10, job_id=1003, expire_at=ago(hours=2)),
     }
@@ -586,7 +594,8 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     )
 
     assert files.success
-    assert (op_metadata(files, "report_removed_artifact_files")["files_missing"], ids(engine, "ci_deleted_objects")) == (8, [])
+    assert op_metadata(files, "report_removed_artifact_files")["files_missing"] == 8
+    assert ids(engine, "ci_deleted_objects") == []
 
 
 # --- bad input: config values ----------------------------------------------------------------------------

@@ -308,7 +308,9 @@ def test_bucket_at_or_above_max_buckets_is_retired(stack, engine, redis_client):
     assert redis_state(redis_client) == ({4}, {b: live_since for b in range(4)})
 
 
-def test_a_bucket_number_not_written_as_gitlab_writes_it_is_retired_and_the_bucket_is_claimed_again(stack, engine, redis_client):
+def test_a_bucket_number_not_written_as_gitlab_writes_it_is_retired_and_the_bucket_is_claimed_again(
+    stack, engine, redis_client
+):
     """``"00001"`` passes a digit check, but ``SREM "1"`` misses it: bucket 1 would never be claimed again."""
     enable(engine, service.FEATURE_FLAG)
     redis_client.sadd(AVAILABLE_KEY, "0", "00001", "2", "3", "4")
@@ -325,7 +327,9 @@ def test_a_bucket_number_not_written_as_gitlab_writes_it_is_retired_and_the_buck
     assert redis_client.zcard(OCCUPIED_KEY) == 0
 
 
-def test_thousands_of_stray_members_are_retired_in_one_step_and_the_run_keeps_max_buckets_workers(stack, engine, redis_client):
+def test_thousands_of_stray_members_are_retired_in_one_step_and_the_run_keeps_max_buckets_workers(
+    stack, engine, redis_client
+):
     enable(engine, service.FEATURE_FLAG)
     strays = [str(b) for b in range(5, 2005)] + ["00", "01", "000003", "0042", "0007"]
     redis_client.sadd(AVAILABLE_KEY, *strays)
@@ -715,7 +719,9 @@ def test_files_job_runs_every_10_minutes_in_utc():
 
 
 @pytest.mark.parametrize("link", ["store_dir", "hashed path's first folder", "file"])
-def test_files_job_never_follows_a_symbolic_link_below_the_root(stack, engine, redis_client, tmp_path, no_root_env, link):
+def test_files_job_never_follows_a_symbolic_link_below_the_root(
+    stack, engine, redis_client, tmp_path, no_root_env, link
+):
     """``root/evil -> /outside``: the text of the path stays inside the root, the file it leads to does not."""
     root, outside = tmp_path / "artifacts", tmp_path / "outside"
     root.mkdir()
@@ -743,6 +749,8 @@ def test_files_job_never_follows_a_symbolic_link_below_the_root(stack, engine, r
     assert victim.read_bytes() == b"zip" and not inside.exists()
     assert ids(engine, "ci_deleted_objects") == [refused] and removed not in ids(engine, "ci_deleted_objects")
     report = op_metadata(result, FILES_REPORT)
-    assert (report["status"], report["rows_changed"], report["files_removed"], report["refused_count"]) == ("success", 1, 1, 1)
+    assert (report["status"], report["rows_changed"], report["files_removed"], report["refused_count"]) == (
+        "success", 1, 1, 1
+    )
     assert report["refused"][0].startswith(f"row {refused}: ") and "is a symbolic link" in report["refused"][0]
     assert (would["would_refused"], would["would_removed"], would["refused"][0]) == (1, 1, report["refused"][0])

@@ -12,8 +12,8 @@ from pydantic import Field
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
-    skip_for_held_lease, table, track_exception,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run,
+    run_lease, skip_for_held_lease, table, track_exception,
 )
 from . import service
 

@@ -168,9 +168,8 @@ def destroy_batch(
     Python datetime, and must not stop every run.
     """
     d = schema.ci_deleted_objects
-    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, cast(d.c.pick_up_at, Text).label("pick_up_at")).where(
-        due(schema, now)
-    )
+    pick_up_at = cast(d.c.pick_up_at, Text).label("pick_up_at")
+    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, pick_up_at).where(due(schema, now))
     if after is not None:
         query = query.where(tuple_(d.c.pick_up_at, d.c.id) > after)
     query = query.order_by(d.c.pick_up_at, d.c.id).limit(batch_size).with_for_update(skip_locked=True)

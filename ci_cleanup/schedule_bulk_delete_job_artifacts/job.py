@@ -37,7 +37,9 @@ from pydantic import Field
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, table, track_exception
+from ..runs import (
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, table, track_exception,
+)
 from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")

@@ -199,7 +199,7 @@ def classify(conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: li
 def find_stuck(
     conn: Connection, schema: GitLabSchema, queues: redis.Redis, candidates: list[Row], grace_cutoff: dt.datetime
 ) -> StuckChunk:
-    """Ask Sidekiq about one chunk (one EXISTS pipeline), then re-read the completed ones and apply the seed's checks; writes nothing."""
+    """Ask Sidekiq about one chunk (one EXISTS pipeline), re-read the completed jobs, apply the checks; no writes."""
     chunk, completed = ask_sidekiq(queues, candidates)
     classify(conn, schema, chunk, completed, grace_cutoff)
     return chunk
