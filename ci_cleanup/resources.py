@@ -7,7 +7,8 @@ names the server, without its password.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+import re
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -31,12 +32,32 @@ class RedisUnavailable(ServiceUnavailable, redis.ConnectionError):
     """A Redis server went away mid-run; still a ``redis.ConnectionError`` for code that handles those."""
 
 
+_BAD_PASSWORD = (
+    "CI_CLEANUP_DATABASE_URL has a raw '@' or ':' in its password (or cannot be parsed): "
+    "percent-encode the password ('@' as %40, ':' as %3A, '/' as %2F)"
+)
+
+
 def database_url(url: str):
-    """Parse an SQLAlchemy URL; a bare ``postgresql://`` means psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
+    """Parse an SQLAlchemy URL; a bare ``postgresql://`` means psycopg2 (SQLAlchemy 2.1 would pick psycopg 3).
+
+    A raw ``@`` or ``:`` in the password is refused before parsing: SQLAlchemy would cut the password
+    there and put the rest in the host or port, and psycopg2's error would print it.
+    No error here carries any part of the URL, which holds the password.
+    """
+    _, sep, rest = url.partition("://")
+    # SQLAlchemy's grammar: user [^:/]*, then ":" password [^@]*, then "@", then host[:port] up to "/" or "?".
+    userinfo = re.match(r"[^:/@]*(?::([^@]*))?@", rest) if sep else None
+    if userinfo is not None:
+        host = re.split(r"[/?]", rest[userinfo.end():], maxsplit=1)[0]
+        if ":" in (userinfo.group(1) or "") or "@" in host:
+            raise ValueError(_BAD_PASSWORD)
     try:
         parsed = make_url(url)
-    except ArgumentError as e:
-        raise ValueError("CI_CLEANUP_DATABASE_URL is not a valid SQLAlchemy URL") from e
+    except ArgumentError:
+        raise ValueError("CI_CLEANUP_DATABASE_URL is not a valid SQLAlchemy URL (postgresql+psycopg2://…)") from None
+    except ValueError:  # e.g. int() of a "port" that is a piece of the password
+        raise ValueError(_BAD_PASSWORD) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg2")
     if parsed.drivername != "postgresql+psycopg2":
@@ -44,13 +65,32 @@ def database_url(url: str):
     return parsed
 
 
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]*)(:[0-9]+)?")
+UNSHOWN_URL = "<URL not shown: it cannot be parsed safely>"
+
+
 def redact_redis_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    """The URL as it can be shown: any user or password as ``***``, query values other than ``db`` hidden.
+
+    A URL whose shape leaves any doubt where the credentials end (no ``scheme://``, an ``@`` or
+    ``#`` outside the user part, a host that is not a host name) is never echoed: a password
+    with a raw ``/``, ``?`` or ``#`` in it would land in the path, query or fragment.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return UNSHOWN_URL
+    if parts.scheme not in _REDIS_SCHEMES or not url.startswith(f"{parts.scheme}://") or "#" in url:
+        return UNSHOWN_URL
+    _, at, host = parts.netloc.rpartition("@")
+    if "@" in parts.path + parts.query or not _HOST_PORT.fullmatch(host):
+        return UNSHOWN_URL
+    if parts.scheme != "unix" and not re.fullmatch(r"(/[0-9]*)?", parts.path):
+        return UNSHOWN_URL
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{quote(k)}={v if k == 'db' and v.isdigit() else '***'}" for k, v in pairs)
+    return f"{parts.scheme}://{'***@' if at else ''}{host}{parts.path}{'?' if query else ''}{query}"
 
 
 class GitLabDatabase(ConfigurableResource):
@@ -136,9 +176,27 @@ class GitLabDatabase(ConfigurableResource):
         return self._tables
 
 
+class RedisRefused(ServiceUnavailable, redis.ResponseError):
+    """A Redis server answered but would not write (read-only replica, out of memory): says which, and what to do."""
+
+
+def _refusal(error: redis.ResponseError) -> str | None:
+    """What to do about a write Redis refused; None for any other error. A Lua script's refusal is a plain
+    ResponseError carrying ``-READONLY`` / ``-OOM`` in its text."""
+    text = str(error)
+    if isinstance(error, redis.ReadOnlyError) or "-READONLY " in text:
+        return "it is a read-only replica; point the URL at the primary (GitLab writes there too)"
+    if isinstance(error, redis.exceptions.OutOfMemoryError) or "-OOM " in text:
+        return "it is out of memory (maxmemory reached, no eviction); free memory or raise maxmemory"
+    return None
+
+
 def _named(server: str | None, error: Exception) -> Exception:
-    if server is None or isinstance(error, RedisUnavailable):
+    if server is None or isinstance(error, ServiceUnavailable):
         return error
+    if isinstance(error, redis.ResponseError):
+        advice = _refusal(error)
+        return RedisRefused(f"{server} refused a write: {advice} ({error})") if advice else error
     return RedisUnavailable(f"Lost {server}: {error}")
 
 
@@ -148,7 +206,7 @@ class _NamedPipeline(redis.client.Pipeline):
     def execute(self, raise_on_error: bool = True):
         try:
             return super().execute(raise_on_error)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
             raise _named(self.server, e) from None
 
 
@@ -160,7 +218,7 @@ class _NamedRedis(redis.Redis):
     def execute_command(self, *args, **options):
         try:
             return super().execute_command(*args, **options)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
             raise _named(self.server, e) from None
 
     def pipeline(self, transaction=True, shard_hint=None) -> redis.client.Pipeline:
@@ -170,11 +228,19 @@ class _NamedRedis(redis.Redis):
 
 
 def _redis_client(url: str, what: str) -> redis.Redis:
-    where = f"{what} at {redact_redis_url(url)}"
+    shown = redact_redis_url(url)
+    # redis-py's own errors for such a URL quote the piece it choked on, which may be part of the password.
+    unparsable = ServiceUnavailable(
+        f"{what}: the URL cannot be parsed safely (not shown); percent-encode any '@', ':', '/', '?' or '#' "
+        "in its password"
+    )
+    if shown == UNSHOWN_URL:
+        raise unparsable
+    where = f"{what} at {shown}"
     try:
         client = _NamedRedis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
-    except ValueError as e:
-        raise ServiceUnavailable(f"Cannot reach {where}: {e}") from None
+    except ValueError:
+        raise unparsable from None
     try:
         client.ping()
     except (redis.RedisError, ValueError) as e:

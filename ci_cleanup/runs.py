@@ -29,7 +29,13 @@ from .metrics import push_run_metrics
 DRY_RUN_TAG = "ci_cleanup/dry_run"
 ROWS_CHANGED = "rows_changed"  # every job reports how many rows it changed under this key
 ROWS_CHANGED_TAG = "ci_cleanup/rows_changed"  # the headline number, visible in the runs list
+# Rows a run reported and stepped over (an error on the row, a refused path): the run stays green, so
+# the count is tagged and alerted (sensors.rows_with_errors_alert) rather than left in the metadata alone.
+ROWS_WITH_ERRORS = "rows_with_errors"
+ROWS_WITH_ERRORS_TAG = "ci_cleanup/rows_with_errors"
 MAX_DELETIONS_TAG = "ci_cleanup/max_deletions_reached"
+SKIPPED_TAG = "ci_cleanup/skipped"  # why a run did nothing, e.g. "lease held"
+LEASE_WITHOUT_TTL_TAG = "ci_cleanup/lease_without_ttl"  # the lease key that made it skip and will never expire
 MAX_IDS_REPORTED = 1000  # ids listed in metadata; counts are always exact
 
 log = logging.getLogger("ci_cleanup")
@@ -50,6 +56,19 @@ def release_lease_on_failure(key: str, ttl_seconds: int):
     return _release
 
 
+def skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease) -> dict:
+    """GitLab's answer to a held lease: skip the run. Tagged, so that a lease that never expires (no TTL,
+    e.g. set by hand) or a job skipped run after run is alerted (sensors.lease_held_alert), not silent."""
+    ttl = lease.client.ttl(lease.redis_key)  # -1: the key has no expiry; -2: it went away meanwhile
+    tags = {SKIPPED_TAG: "lease held"}
+    if ttl == -1:
+        tags[LEASE_WITHOUT_TTL_TAG] = lease.redis_key
+        context.log.warning(f"Lease {lease.redis_key} has no TTL: it is never released by expiry, so every run skips")
+    context.instance.add_run_tags(context.run_id, tags)
+    context.log.info(f"Lease {lease.key} is held by another process; skipping as the seed does")
+    return {"lease_ttl_seconds": ttl}
+
+
 def mark_dry_run(context: OpExecutionContext) -> None:
     context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
     context.log.info("Dry run: finding what would change, writing nothing")
@@ -58,7 +77,10 @@ def mark_dry_run(context: OpExecutionContext) -> None:
 def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None) -> None:
     """The run's totals: output metadata of the last op, and the headline number as a run tag."""
     context.add_output_metadata(dict(metadata))
-    context.instance.add_run_tags(context.run_id, {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})})
+    tags = {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})}
+    if metadata.get(ROWS_WITH_ERRORS):
+        tags[ROWS_WITH_ERRORS_TAG] = str(metadata[ROWS_WITH_ERRORS])
+    context.instance.add_run_tags(context.run_id, tags)
     counters = {k: v for k, v in metadata.items() if isinstance(v, int) and not isinstance(v, bool)}
     push_run_metrics(context.job_name, counters)
 

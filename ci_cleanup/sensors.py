@@ -5,32 +5,54 @@
 | run time over the lease TTL (000: 30 min, 003: 50 min, 004: 60 s) | ``dagster/max_runtime`` tag on the job + run monitoring in dagster.yaml fails the run, then ``run_failed_alert`` |
 | errors / repeated failures (001, 003; 004: 3 in a row) | ``run_failed_alert`` on every failure, ``repeated_failures_alert`` at 3 in a row |
 | MAX_DELETIONS reached every run (001) | ``max_deletions_backlog_alert`` |
+| (beyond the seeds) a lease that never expires, or a job skipped run after run | ``lease_held_alert`` |
+| (beyond the seeds) rows a green run stepped over (an error, a refused path) | ``rows_with_errors_alert`` |
+| (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it; ``run_failed_alert`` |
+
+Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
 """
 
 from __future__ import annotations
 
+import os
+
+import psutil
 from dagster import (
+    DagsterEventType,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunsFilter,
     RunStatusSensorContext,
+    SensorEvaluationContext,
+    SkipReason,
     run_failure_sensor,
     run_status_sensor,
+    sensor,
 )
+from dagster._core.launcher import DefaultRunLauncher
 
 from .alerts import send_alert
-from .runs import MAX_DELETIONS_TAG
+from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, ROWS_WITH_ERRORS_TAG, SKIPPED_TAG
 
 FAILURES_IN_A_ROW = 3  # seed 004: 連続3回失敗
 BACKLOG_RUNS = 3  # seed 001: 毎回MAX_DELETIONS到達 — three hourly runs in a row
+SKIPPED_RUNS = 3  # runs in a row that did nothing because the lease was held
+INTERVAL_ENV = "CI_CLEANUP_SENSOR_INTERVAL_SECONDS"
+INTERVAL_SECONDS = int(os.environ.get(INTERVAL_ENV, "30"))
+# A process created up to this long after the run worker logged its pid is still that worker: /proc's
+# start times count from a boot time rounded to the second.
+START_TIME_SLACK_SECONDS = 1.0
 
 
 def _last_runs(context, job_name: str, limit: int, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)):
     return context.instance.get_runs(RunsFilter(job_name=job_name, statuses=list(statuses)), limit=limit)
 
 
-@run_failure_sensor(default_status=DefaultSensorStatus.RUNNING, description="Alert on every failed ci_cleanup run")
+@run_failure_sensor(
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Alert on every failed ci_cleanup run",
+)
 def run_failed_alert(context: RunFailureSensorContext):
     run = context.dagster_run
     send_alert(
@@ -40,7 +62,8 @@ def run_failed_alert(context: RunFailureSensorContext):
 
 
 @run_failure_sensor(
-    default_status=DefaultSensorStatus.RUNNING, description=f"Alert when a job failed {FAILURES_IN_A_ROW} runs in a row"
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description=f"Alert when a job failed {FAILURES_IN_A_ROW} runs in a row",
 )
 def repeated_failures_alert(context: RunFailureSensorContext):
     run = context.dagster_run
@@ -54,6 +77,7 @@ def repeated_failures_alert(context: RunFailureSensorContext):
 
 @run_status_sensor(
     run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
     description=f"Alert when a cleanup hit its deletion cap {BACKLOG_RUNS} runs in a row: a backlog is building up",
 )
 def max_deletions_backlog_alert(context: RunStatusSensorContext):
@@ -69,4 +93,107 @@ def max_deletions_backlog_alert(context: RunStatusSensorContext):
         )
 
 
-alert_sensors = [run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert]
+@run_status_sensor(
+    run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
+    description=f"Alert when a run skipped on a lease that has no TTL, or a job skipped {SKIPPED_RUNS} runs in a row",
+)
+def lease_held_alert(context: RunStatusSensorContext):
+    """GitLab skips a run whose lease is held, and so do the jobs; a lease with no expiry (set by hand, or by
+    a tool that forgot EX) would turn the job off for ever behind green runs."""
+    run = context.dagster_run
+    if not run.tags.get(SKIPPED_TAG):
+        return
+    if key := run.tags.get(LEASE_WITHOUT_TTL_TAG):
+        send_alert(
+            "lease_without_ttl",
+            f"ci_cleanup: {run.job_name} skipped because lease {key} is held and has no TTL: it never expires, so "
+            "every run will skip; delete the key once no GitLab process holds it",
+            job=run.job_name, run_id=run.run_id, lease=key,
+        )
+    runs = _last_runs(context, run.job_name, SKIPPED_RUNS, statuses=[DagsterRunStatus.SUCCESS])
+    if len(runs) == SKIPPED_RUNS and all(r.tags.get(SKIPPED_TAG) for r in runs):
+        send_alert(
+            "skipped_in_a_row",
+            f"ci_cleanup: {run.job_name} skipped {SKIPPED_RUNS} runs in a row ({run.tags[SKIPPED_TAG]})",
+            job=run.job_name, run_ids=[r.run_id for r in runs],
+        )
+
+
+@run_status_sensor(
+    run_status=DagsterRunStatus.SUCCESS, default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Alert when a run succeeded but stepped over rows it could not process (errors, refused paths)",
+)
+def rows_with_errors_alert(context: RunStatusSensorContext):
+    """A bad row is reported and stepped over, never blocks the others: the run is green, so say it here."""
+    run = context.dagster_run
+    if count := run.tags.get(ROWS_WITH_ERRORS_TAG):
+        send_alert(
+            "rows_with_errors",
+            f"ci_cleanup: {run.job_name} run {run.run_id} left {count} rows it could not process; "
+            "the run's metadata (errors, refused) says which and why",
+            job=run.job_name, run_id=run.run_id, rows=int(count),
+        )
+
+
+def worker_alive(pid: int, logged_at: float) -> bool:
+    """Whether the run worker that logged ``pid`` at ``logged_at`` still runs: after a reboot the pid may
+    belong to another process, created after the worker logged it."""
+    try:
+        process = psutil.Process(pid)
+        started = process.create_time()
+        return process.status() != psutil.STATUS_ZOMBIE and started <= logged_at + START_TIME_SLACK_SECONDS
+    except psutil.NoSuchProcess:
+        return False
+
+
+WORKER_STARTED = "Started process for run"  # the engine event a launched run's worker logs first, with its pid
+
+
+def _worker_pid(instance, run_id: str) -> tuple[int, float] | None:
+    """The run worker's pid and when it logged it. Only that event: the multiprocess executor's step processes
+    log pids too, and each exits when its step is done while the run goes on."""
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        if record.dagster_event and (record.dagster_event.message or "").startswith(WORKER_STARTED):
+            pid = record.dagster_event.engine_event_data.metadata.get("pid")
+            return (int(pid.value), record.timestamp) if pid is not None else None
+    return None
+
+
+@sensor(
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
+    description="Fail a run whose worker process is gone without reporting (host crash, SIGKILL), so it alerts and "
+    "the job's next runs are no longer queued behind it",
+)
+def dead_run_worker_check(context: SensorEvaluationContext):
+    """Run monitoring asks the run launcher whether a run's worker is healthy, and Dagster's default launcher
+    cannot tell: a run whose worker died stays STARTED until its ``dagster/max_runtime`` (up to 50 minutes),
+    with the job's next runs queued behind it (one run per job at a time). With that launcher the workers are
+    children of the code server that evaluates this sensor, on this host: look at their pids."""
+    instance = context.instance
+    if not isinstance(instance.run_launcher, DefaultRunLauncher):
+        return SkipReason("The run launcher checks its run workers' health itself (run monitoring)")
+    failed = []
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED])):
+        logged = _worker_pid(instance, run.run_id)
+        if logged is None or worker_alive(*logged):
+            continue
+        # Read again once the worker is known gone: a run that ended normally reported it before its worker exited.
+        run = instance.get_run_by_id(run.run_id)
+        if run is None or run.status != DagsterRunStatus.STARTED:
+            continue
+        instance.report_run_failed(
+            run,
+            f"The run worker (pid {logged[0]}) is gone without reporting the end of the run (host crash, SIGKILL, "
+            "OOM kill); marked failed by dead_run_worker_check. Rows are whole (each batch is one transaction); "
+            "a lease the run held expires with its TTL",
+        )
+        failed.append(run.run_id)
+    return SkipReason(f"Marked failed, their workers gone: {failed}" if failed else "Every started run's worker lives")
+
+
+alert_sensors = [
+    run_failed_alert, repeated_failures_alert, max_deletions_backlog_alert, lease_held_alert, rows_with_errors_alert,
+    dead_run_worker_check,
+]

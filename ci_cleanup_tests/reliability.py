@@ -17,8 +17,10 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,7 +49,9 @@ KEEPERS = 20  # rows of each kind the job must leave alone
 
 # --------------------------------------------------------------------------- audit: every write, per row
 
-AUDIT_TABLES = ("p_ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "p_ci_job_artifacts")
+AUDIT_TABLES = (
+    "p_ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "p_ci_job_artifacts", "ci_deleted_objects",
+)
 AUDIT_DDL = """
 CREATE TABLE IF NOT EXISTS reliability_audit (
   id bigserial PRIMARY KEY, tbl text NOT NULL, row_id bigint NOT NULL, op text NOT NULL,
@@ -509,7 +513,86 @@ class BulkDeleteJobArtifacts(Scenario):
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
-SCENARIOS = {s.name: s for s in (DropCancelingBuilds(), StaleRunnerMachines(), StuckExportJobs(), EnvironmentsAutoStop(), BulkDeleteJobArtifacts())}
+# Where DeleteExpiredArtifactFiles keeps its stored files: one folder for every process of the session, each
+# test seeding it afresh. 0755 like the servers' folder (conftest.servers_dir).
+FILES_ROOT = Path(tempfile.mkdtemp(prefix="ci_cleanup_files_"))
+os.chmod(FILES_ROOT, 0o755)
+
+
+class DeleteExpiredArtifactFiles(Scenario):
+    """Beyond seed 004: a due local ci_deleted_objects row is there as seeded, or gone with its file.
+
+    A row still there whose file is gone is a run killed between the unlink and its batch's commit: the
+    row is untouched, and the next run counts the file as already gone. A row gone with its file still
+    on disk is a violation (an orphaned file). Keepers: rows not yet due and object-storage rows, with files.
+    """
+
+    name, job, report_op, table = (
+        "delete_expired_artifact_files", artifacts_job.delete_expired_artifact_files, "report_removed_artifact_files",
+        "ci_deleted_objects",
+    )
+
+    def run_config(self, batch: int) -> dict:
+        config = {"artifacts_root": str(FILES_ROOT), "batch_size": batch}
+        return {"ops": {"plan_artifact_file_removal": {"config": config}}}
+
+    @staticmethod
+    def path(store_dir: str) -> Path:
+        return FILES_ROOT / store_dir / "a.zip"
+
+    def seed(self, conn, client, n):
+        shutil.rmtree(FILES_ROOT / "files", ignore_errors=True)
+        insert = (
+            "INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at) "
+            "SELECT :store, 'files/' || :kind || '/' || g, 'a.zip', g, :at - make_interval(secs => g) "
+            "FROM generate_series(1, :n) g RETURNING store_dir"
+        )
+        now = utc_now()
+        hour_ago, tomorrow = now - dt.timedelta(hours=1), now + dt.timedelta(days=1)
+        dirs = list(conn.scalars(text(insert), dict(store=1, kind="due", at=hour_ago, n=n)))
+        dirs += conn.scalars(text(insert), dict(store=1, kind="later", at=tomorrow, n=KEEPERS)).all()
+        dirs += conn.scalars(text(insert), dict(store=2, kind="remote", at=hour_ago, n=KEEPERS)).all()
+        for store_dir in dirs:
+            self.path(store_dir).parent.mkdir(parents=True)
+            self.path(store_dir).write_bytes(b"zip")
+
+    def keeper_ids(self, conn, n):
+        return {"ci_deleted_objects": list(range(n + 1, n + 2 * KEEPERS + 1))}
+
+    def classify(self, conn, client, seeded, ids):
+        rows = _rows(conn, "ci_deleted_objects", ids)
+        store_dir = list(conn.execute(text("SELECT * FROM ci_deleted_objects LIMIT 0")).keys()).index("store_dir")
+        state = State()
+        for row_id in ids:
+            on_disk = self.path(seeded.snapshot[row_id][store_dir]).exists()
+            _sort(state, row_id, row_id not in rows and not on_disk, rows.get(row_id) == seeded.snapshot[row_id],
+                  (rows.get(row_id), on_disk))
+        for row_id, before in seeded.keepers["ci_deleted_objects"].items():
+            if not self.path(before[store_dir]).exists():
+                state.violations.append(f"keeper {row_id}'s file {before[store_dir]} was removed")
+        return state
+
+    def write(self, conn, ids, rng):
+        # GitLab's own DeleteObjectsService could not remove the file: it puts the row off for later.
+        query = text(
+            "UPDATE ci_deleted_objects SET pick_up_at = :later WHERE id IN :ids RETURNING id, pick_up_at"
+        ).bindparams(bindparam("ids", expanding=True))
+        later = utc_now() + dt.timedelta(hours=1)
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"later": later, "ids": ids})}
+
+    def read_written(self, conn, ids):
+        query = text("SELECT id, pick_up_at FROM ci_deleted_objects WHERE id IN :ids").bindparams(
+            bindparam("ids", expanding=True)
+        )
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+
+
+SCENARIOS = {
+    s.name: s for s in (
+        DropCancelingBuilds(), StaleRunnerMachines(), StuckExportJobs(), EnvironmentsAutoStop(),
+        BulkDeleteJobArtifacts(), DeleteExpiredArtifactFiles(),
+    )
+}
 
 
 # --------------------------------------------------------------------------- runs in other processes

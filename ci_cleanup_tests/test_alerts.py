@@ -137,3 +137,99 @@ def test_run_counters_are_pushed_to_a_pushgateway(stack, engine, redis_client, m
 
     assert [path for path, _ in pushed] == ["/metrics/job/ci_cleanup/dagster_job/drop_canceling_builds"]
     assert "ci_cleanup_rows_changed 1\n" in pushed[0][1] and "ci_cleanup_dropped_count 1\n" in pushed[0][1]
+
+
+def skipped_run(job, stack, instance, lease_alert):
+    """A run of ``job`` that finds its lease held; the sensor then sees the run's success."""
+    from .runner import op_metadata
+
+    result = run_job(job, stack, instance=instance)
+    lease_alert(build_run_status_sensor_context(
+        sensor_name="s", dagster_event=result.get_run_success_event(), dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ))
+    return result, op_metadata
+
+
+@pytest.mark.parametrize("job_name", ["drop_canceling_builds", "environments_auto_stop"])
+def test_a_lease_with_no_ttl_skips_as_gitlab_does_and_is_alerted(stack, engine, redis_client, webhook, job_name):
+    from ci_cleanup.environments_auto_stop import job as auto_stop
+    from ci_cleanup.drop_canceling_builds import job as drop
+    from ci_cleanup.gitlab.exclusive_lease import PREFIX
+    from ci_cleanup.sensors import lease_held_alert
+
+    from .factories import ago, create, naive_ago, row
+
+    module = {"drop_canceling_builds": drop, "environments_auto_stop": auto_stop}[job_name]
+    job = getattr(module, job_name)
+    if module is drop:
+        table = "ci_builds"
+        candidate = create(engine, table, created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    else:
+        table = "environments"
+        candidate = create(engine, table, auto_stop_at=ago(hours=1), auto_stop_setting=0)
+    before = row(engine, table, candidate)
+    key = PREFIX + module.LEASE_KEY
+    redis_client.set(key, "someone-by-hand")  # no EX: never expires
+    instance = DagsterInstance.ephemeral()
+
+    result, op_metadata = skipped_run(job, stack, instance, lease_held_alert)
+
+    assert row(engine, table, candidate) == before  # still skipped, as GitLab does
+    plan_op = {
+        "drop_canceling_builds": "find_canceling_builds", "environments_auto_stop": "find_auto_stoppable_environments"
+    }
+    plan = op_metadata(result, plan_op[job_name])
+    assert (plan["status"], plan["lease_ttl_seconds"]) == ("skipped: lease held", -1)
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert (tags["ci_cleanup/skipped"], tags["ci_cleanup/lease_without_ttl"]) == ("lease held", key)
+    assert [(a["alert"], a["job"], a["lease"]) for a in webhook] == [("lease_without_ttl", job_name, key)]
+    assert "has no TTL: it never expires" in webhook[0]["text"]
+    assert (redis_client.get(key), redis_client.ttl(key)) == (b"someone-by-hand", -1)  # someone else's key, left
+
+
+def test_a_job_skipped_three_runs_in_a_row_on_a_held_lease_is_alerted(stack, engine, redis_client, webhook):
+    from ci_cleanup.drop_canceling_builds.job import LEASE_KEY
+    from ci_cleanup.gitlab.exclusive_lease import PREFIX
+    from ci_cleanup.sensors import SKIPPED_RUNS, lease_held_alert
+
+    instance = DagsterInstance.ephemeral()
+    run_job(drop_canceling_builds, stack, instance=instance)  # a run that did its work first: it breaks any streak
+    redis_client.set(PREFIX + LEASE_KEY, "a-live-gitlab", ex=3600)  # held, with a TTL: no TTL alert
+    for n in range(1, SKIPPED_RUNS + 1):
+        result, _ = skipped_run(drop_canceling_builds, stack, instance, lease_held_alert)
+        assert len(webhook) == (1 if n == SKIPPED_RUNS else 0)
+
+    assert (webhook[0]["alert"], webhook[0]["job"]) == ("skipped_in_a_row", "drop_canceling_builds")
+    assert webhook[0]["run_ids"][0] == result.run_id and len(webhook[0]["run_ids"]) == SKIPPED_RUNS
+    assert "ci_cleanup/lease_without_ttl" not in instance.get_run_by_id(result.run_id).tags
+
+
+def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, webhook, tmp_path):
+    """A ci_deleted_objects row through a symbolic link is refused and kept; the run goes on and is green."""
+    from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files
+    from ci_cleanup.sensors import rows_with_errors_alert
+
+    from .factories import ago, create, ids
+
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / "evil").symlink_to(tmp_path)
+    (tmp_path / "victim").write_bytes(b"zip")
+    refused = create(
+        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, pick_up_at=ago(hours=1)
+    )
+    instance = DagsterInstance.ephemeral()
+    config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}
+
+    result = run_job(delete_expired_artifact_files, stack, run_config=config, instance=instance)
+    rows_with_errors_alert(build_run_status_sensor_context(
+        sensor_name="s", dagster_event=result.get_run_success_event(), dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ))
+
+    assert (tmp_path / "victim").read_bytes() == b"zip" and ids(engine, "ci_deleted_objects") == [refused]
+    assert instance.get_run_by_id(result.run_id).tags["ci_cleanup/rows_with_errors"] == "1"
+    assert [(a["alert"], a["job"], a["run_id"], a["rows"]) for a in webhook] == [
+        ("rows_with_errors", "delete_expired_artifact_files", result.run_id, 1)
+    ]

@@ -72,4 +72,7 @@ def test_run_time_limits_follow_the_seeds_lease_ttls_and_one_run_per_job_is_queu
     assert limits["drop_canceling_builds"] == str(30 * 60)
     assert limits["environments_auto_stop"] == str(50 * 60)
     assert limits["schedule_bulk_delete_job_artifacts"] == str(60 + 5 * 60)  # scheduler's 60 s + its workers
+    # The jobs without a lease are bounded too: a run whose worker died is failed at the latest then.
+    assert limits["stale_runner_machines_cleanup"] == limits["stuck_export_jobs"] == str(30 * 60)
+    assert limits["delete_expired_artifact_files"] == str(10 * 60)  # its cron: every 10 minutes
     assert {job.tags["ci_cleanup/job"] for job in JOBS} == {job.name for job in JOBS}

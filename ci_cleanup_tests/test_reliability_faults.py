@@ -23,7 +23,7 @@ import pytest
 import redis
 from dagster import DagsterInstance
 from pgserver._commands import pg_ctl
-from sqlalchemy import create_engine, text
+from sqlalchemy import TIMESTAMP, cast, create_engine, literal, text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.devstack import EmbeddedStack, _wait_gone
@@ -33,13 +33,17 @@ from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all, utc_now
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
+from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions, redact_redis_url
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts,
+)
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .conftest import scratch_database_of
-from .factories import TABLES, ago, backend_waiting_on_lock, create, naive_ago, row
+from .factories import TABLES, ago, backend_waiting_on_lock, create, ids, naive_ago, row
 from .runner import op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,6 +236,34 @@ def test_redis_stopped_before_the_runs_fails_each_job_that_uses_it_naming_redis_
             result = run_job(case.job, faults)
             assert result.success and case.done(row(engine, case.table, made[name])), name
     client.close()
+
+
+REDIS_REFUSING_WRITES = {
+    # A replica of a primary that does not answer: it keeps its data, answers reads and refuses every write.
+    "read-only replica": (lambda c: c.replicaof("127.0.0.1", "1"), lambda c: c.replicaof("NO", "ONE"),
+                          "refused a write: it is a read-only replica; point the URL at the primary"),
+    "out of memory": (lambda c: c.config_set("maxmemory", 1), lambda c: c.config_set("maxmemory", 0),
+                      "refused a write: it is out of memory (maxmemory reached, no eviction); "
+                      "free memory or raise maxmemory"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REDIS_REFUSING_WRITES))
+def test_redis_refusing_writes_fails_each_job_naming_which_redis_and_what_to_do(faults, db, refusal):
+    engine, client = db
+    made = {name: case.make(engine, client) for name, case in CASES.items() if LEASES.get(name) or "bulk" in name}
+    before = {name: row(engine, CASES[name].table, made[name]) for name in made}
+    refuse, accept, advice = REDIS_REFUSING_WRITES[refusal]
+    client.config_set("maxmemory-policy", "noeviction")
+    refuse(client)
+    try:
+        messages = {name: failure_messages(run_job(CASES[name].job, faults, raise_on_error=False)) for name in made}
+    finally:
+        accept(client)
+    for name, message in messages.items():
+        assert f"Redis (CI_CLEANUP_REDIS_URL) at {faults.redis_url} {advice}" in message, (name, message)
+        assert row(engine, CASES[name].table, made[name]) == before[name], name
+    assert client.keys("*") == []  # no lease, no bucket: nothing was written
 
 
 @pytest.mark.parametrize("name", ["drop_canceling_builds", "environments_auto_stop", "stuck_export_jobs"])
@@ -503,6 +535,61 @@ def test_nulls_in_artifacts_size_lock_and_file(faults, db):
         ]
 
 
+def in_new_york(stack) -> str:
+    """The stack's GitLab database, in sessions whose time zone is west of UTC."""
+    return stack.url() + "&options=-c%20TimeZone%3DAmerica/New_York"
+
+
+def timestamptz(value: str):
+    return cast(literal(value), TIMESTAMP(timezone=True))
+
+
+def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are_deleted_and_block_nothing(
+    faults, db, tmp_path
+):
+    """Year 1 read west of UTC is "year -1" for Python; '-infinity' and BC sort before year 1; project_id + job_id
+    past 2^63-1 overflows bigint. Each was a row that failed every run, or was never deleted."""
+    engine, client = db
+    enable_bulk_delete(engine)
+    made = {
+        "year 1": create(
+            engine, "ci_job_artifacts", project_id=10, job_id=1000, expire_at=timestamptz("0001-01-01 00:00+00")
+        ),
+        "-infinity": create(engine, "ci_job_artifacts", project_id=10, job_id=1001, expire_at=timestamptz("-infinity")),
+        "BC": create(
+            engine, "ci_job_artifacts", project_id=10, job_id=1002, expire_at=timestamptz("0044-03-15 12:00:00+00 BC")
+        ),
+        "past bigint": create(engine, "ci_job_artifacts", project_id=2**63 - 10, job_id=100, expire_at=ago(hours=2)),
+        "ordinary": create(engine, "ci_job_artifacts", project_id=10, job_id=1003, expire_at=ago(hours=2)),
+    }
+    # ci_deleted_objects rows as GitLab may write them, pick_up_at unclamped.
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at) VALUES "
+            "(1, 'aa/bb/1', 'a.zip', 1, '0001-01-01 00:00:00+00'), (1, 'aa/bb/2', 'a.zip', 1, '-infinity'), "
+            "(1, 'aa/bb/3', 'a.zip', 1, '0044-03-15 00:00:00+00 BC')"
+        ))
+
+    result = run_job(schedule_bulk_delete_job_artifacts, faults, database_url=in_new_york(faults))
+
+    assert result.success
+    assert {name: row(engine, "ci_job_artifacts", made[name]) for name in made} == dict.fromkeys(made)
+    report = op_metadata(result, "report_bulk_delete")
+    assert (report["destroyed_job_artifacts_count"], report["deleted_objects_created"]) == (5, 5)
+    with engine.connect() as conn:
+        picked = conn.scalars(text("SELECT pick_up_at FROM ci_deleted_objects WHERE id > 3 ORDER BY id")).all()
+    assert all(abs(p - ago(days=1)) < dt.timedelta(minutes=5) for p in picked[:3])  # clamped to a day back
+
+    files = run_job(
+        delete_expired_artifact_files, faults, database_url=in_new_york(faults),
+        run_config={"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(tmp_path)}}}},
+    )
+
+    assert files.success
+    assert op_metadata(files, "report_removed_artifact_files")["files_missing"] == 8
+    assert ids(engine, "ci_deleted_objects") == []
+
+
 # --- bad input: config values ----------------------------------------------------------------------------
 
 BAD_CONFIG = {
@@ -720,6 +807,100 @@ def test_passwords_in_the_urls_never_reach_run_config_events_logs_or_output(faul
             assert not any(s in stored for s in secrets), run.job_name
     finally:
         instance.dispose()
+
+
+SECRET_PIECES = ("Sx7q", "Wt5n")  # the two halves of every password below: neither may be shown
+REDIS_URLS_HIDING_A_PASSWORD = {
+    "one slash after the scheme": "redis:/:Sx7qWt5n@localhost:6379/0",
+    "no colon after the scheme": "redis//:Sx7qWt5n@localhost:6379/0",
+    "raw # in the password": "redis://:Sx7q#Wt5n@localhost:6379/0",
+    "raw / in the password": "redis://:Sx7q/Wt5n@localhost:6379/0",
+    "raw ? in the password": "redis://:Sx7q?Wt5n@localhost:6379/0",
+    "raw / in a unix socket's password": "unix://:Sx7q/Wt5n@{socket}?db=0",
+    "a password as a query value": "unix://{socket}?db=0&password=Sx7qWt5n",
+}
+
+
+def run_output(result, capfd) -> str:
+    """Everything a failed in-process run showed: its events (with their errors) and the process's stdout/stderr."""
+    captured = capfd.readouterr()
+    return failure_messages(result) + repr(result.all_events) + captured.out + captured.err
+
+
+@pytest.mark.parametrize("shape", sorted(REDIS_URLS_HIDING_A_PASSWORD))
+def test_a_redis_password_is_never_shown_whatever_the_urls_shape(faults, db, capfd, shape):
+    engine, client = db
+    candidate = _export(engine, client)
+    before = row(engine, "project_export_jobs", candidate)
+    url = REDIS_URLS_HIDING_A_PASSWORD[shape].format(socket=faults._redis.socket_file)
+
+    shown = redact_redis_url(url)
+    for queues_url in (None, url):  # as the SharedState URL, and as the Sidekiq queues URL
+        result = stuck_export_jobs.execute_in_process(
+            resources={
+                "gitlab_db": GitLabDatabase(url=faults.url()),
+                "gitlab_redis": GitLabRedis(url=faults.redis_url if queues_url else url, queues_url=queues_url),
+                "run_options": RunOptions(),
+            },
+            instance=DagsterInstance.ephemeral(), raise_on_error=False,
+        )
+        output = run_output(result, capfd)
+        if shape == "a password as a query value":  # a URL that works: the run goes on, the value is never shown
+            assert result.success and shown == f"unix://{faults._redis.socket_file}?db=0&password=***"
+        else:
+            assert not result.success
+            assert "the URL cannot be parsed safely (not shown); percent-encode" in failure_messages(result)
+            assert shown == "<URL not shown: it cannot be parsed safely>"
+        assert [piece for piece in SECRET_PIECES if piece in output + shown] == []
+    if shape != "a password as a query value":
+        assert row(engine, "project_export_jobs", candidate) == before
+
+
+def test_a_redis_password_is_shown_as_stars_in_a_url_that_parses():
+    assert redact_redis_url("redis://:Sx7q@Wt5n@cache:6379/2") == "redis://***@cache:6379/2"
+    assert redact_redis_url("rediss://gitlab:Sx7qWt5n@[::1]:6380") == "rediss://***@[::1]:6380"
+    assert redact_redis_url("unix://:Sx7qWt5n@/run/redis.sock?db=1") == "unix://***@/run/redis.sock?db=1"
+    assert redact_redis_url("redis://cache:6379/0") == "redis://cache:6379/0"
+
+
+DATABASE_URLS_WITH_A_RAW_PASSWORD = {
+    "raw @": "postgresql+psycopg2://postgres:Sx7q@Wt5n@/gitlab?host={socket}",
+    "raw @ and :": "postgresql+psycopg2://postgres:Sx7q@Wt5n:x@/gitlab?host={socket}",
+    "raw :": "postgresql+psycopg2://postgres:Sx7q:Wt5n@/gitlab?host={socket}",
+    "raw @ in the user part": "postgresql+psycopg2://postgres@:Sx7qWt5n@/gitlab?host={socket}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DATABASE_URLS_WITH_A_RAW_PASSWORD))
+def test_a_raw_at_or_colon_in_the_database_password_is_refused_naming_the_fix_and_showing_none_of_it(
+    faults, db, capfd, shape
+):
+    engine, client = db
+    candidate = _machine(engine, client)
+    url = DATABASE_URLS_WITH_A_RAW_PASSWORD[shape].format(socket=faults._socket_dir)
+
+    result = run_job(stale_runner_machines_cleanup, faults, database_url=url, raise_on_error=False)
+
+    assert not result.success
+    output = run_output(result, capfd)
+    assert "CI_CLEANUP_DATABASE_URL has a raw '@' or ':' in its password" in output
+    assert "percent-encode the password" in output
+    assert [piece for piece in SECRET_PIECES if piece in output] == []
+    assert row(engine, "ci_runner_machines", candidate) is not None
+
+
+def test_a_percent_encoded_at_and_colon_in_the_database_password_work(faults, db):
+    engine, client = db
+    candidate = _machine(engine, client)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER USER postgres PASSWORD 'Sx7q@Wt5n:'"))  # test-only: a literal we chose
+    try:
+        url = f"postgresql+psycopg2://postgres:Sx7q%40Wt5n%3A@/gitlab?host={faults._socket_dir}"
+        result = run_job(stale_runner_machines_cleanup, faults, database_url=url)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER USER postgres PASSWORD NULL"))
+    assert result.success and row(engine, "ci_runner_machines", candidate) is None
 
 
 def test_embedded_postgresql_and_redis_listen_on_unix_sockets_only(faults):

@@ -301,10 +301,60 @@ def test_bucket_at_or_above_max_buckets_is_retired(stack, engine, redis_client):
     assert ids(engine, "ci_job_artifacts") == [in_bucket_1]
     assert row(engine, "ci_job_artifacts", in_bucket_4) is None
     workers = worker_metadata(result)
+    # Retired by the scheduler, not by a worker of its own: the run has max_buckets workers.
     assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"], w["terminated_early_due_to_scale_down"]) for w in workers] == [
-        (0, False, 0, False), (1, False, 0, False), (2, False, 0, False), (3, False, 0, False), (4, True, 1, False), (7, True, 0, True)
+        (0, False, 0, False), (1, False, 0, False), (2, False, 0, False), (3, False, 0, False), (4, True, 1, False)
     ]
+    assert (op_metadata(result, REPORT)["stray_count"], op_metadata(result, REPORT)["strays"]) == (1, ["7"])
     assert redis_state(redis_client) == ({4}, {b: live_since for b in range(4)})
+
+
+def test_a_bucket_number_not_written_as_gitlab_writes_it_is_retired_and_the_bucket_is_claimed_again(
+    stack, engine, redis_client
+):
+    """``"00001"`` passes a digit check, but ``SREM "1"`` misses it: bucket 1 would never be claimed again."""
+    enable(engine, service.FEATURE_FLAG)
+    redis_client.sadd(AVAILABLE_KEY, "0", "00001", "2", "3", "4")
+    in_bucket_1 = artifact(engine, bucket=1)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert row(engine, "ci_job_artifacts", in_bucket_1) is None
+    report = op_metadata(result, REPORT)
+    assert (report["stray_count"], report["strays"], report["missing_count"], report["buckets_processed"]) == (
+        1, ["00001"], 1, [0, 1, 2, 3, 4]
+    )
+    assert redis_client.smembers(AVAILABLE_KEY) == {b"0", b"1", b"2", b"3", b"4"}
+    assert redis_client.zcard(OCCUPIED_KEY) == 0
+
+
+def test_thousands_of_stray_members_are_retired_in_one_step_and_the_run_keeps_max_buckets_workers(
+    stack, engine, redis_client
+):
+    enable(engine, service.FEATURE_FLAG)
+    strays = [str(b) for b in range(5, 2005)] + ["00", "01", "000003", "0042", "0007"]
+    redis_client.sadd(AVAILABLE_KEY, *strays)
+    artifacts = [artifact(engine, bucket=b) for b in range(5)]
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert [row(engine, "ci_job_artifacts", a) for a in artifacts] == [None] * 5
+    assert [w["mod_bucket"] for w in worker_metadata(result)] == [0, 1, 2, 3, 4]
+    report = op_metadata(result, REPORT)
+    assert (report["workers"], report["stray_count"], report["missing_count"]) == (5, 2005, 5)
+    assert report["strays"] == ["5", "6", "7", "8", "9", "00", "01"] + [str(b) for b in range(10, 23)]  # the first 20
+    assert redis_state(redis_client) == ({0, 1, 2, 3, 4}, {})
+
+
+def test_a_dry_run_reports_the_strays_and_leaves_them(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    redis_client.sadd(AVAILABLE_KEY, "0", "00001", "9")
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, dry_run=True)
+
+    report = op_metadata(result, REPORT)
+    assert (report["stray_count"], report["strays"]) == (2, ["9", "00001"])
+    assert redis_client.smembers(AVAILABLE_KEY) == {b"0", b"00001", b"9"}
 
 
 def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engine, redis_client):
@@ -670,3 +720,41 @@ def test_files_job_invalid_config_is_refused_before_anything_is_removed(stack, e
 
 def test_files_job_runs_every_10_minutes_in_utc():
     assert (delete_expired_artifact_files_schedule.cron_schedule, delete_expired_artifact_files_schedule.execution_timezone) == ("*/10 * * * *", "UTC")
+
+
+@pytest.mark.parametrize("link", ["store_dir", "hashed path's first folder", "file"])
+def test_files_job_never_follows_a_symbolic_link_below_the_root(
+    stack, engine, redis_client, tmp_path, no_root_env, link
+):
+    """``root/evil -> /outside``: the text of the path stays inside the root, the file it leads to does not."""
+    root, outside = tmp_path / "artifacts", tmp_path / "outside"
+    root.mkdir()
+    victim = stored_file(outside, "ab/cd/abcd/2024_01_01/7/1", "victim")
+    if link == "store_dir":
+        (root / "evil").symlink_to(outside / "ab/cd/abcd/2024_01_01/7/1")
+        store_dir, file = "evil", "victim"
+    elif link == "hashed path's first folder":
+        (root / "ab").symlink_to(outside / "ab")
+        store_dir, file = "ab/cd/abcd/2024_01_01/7/1", "victim"
+    else:
+        (root / "ab").mkdir()
+        (root / "ab" / "victim").symlink_to(victim)
+        store_dir, file = "ab", "victim"
+    refused = deleted_object_row(engine, store_dir=store_dir, file=file)
+    inside = stored_file(root, "cd/ef/cdef/2024_01_01/8/2")
+    removed = deleted_object_row(engine, store_dir="cd/ef/cdef/2024_01_01/8/2")
+
+    would = op_metadata(
+        run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root), dry_run=True),
+        "remove_expired_artifact_files",
+    )
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root))
+
+    assert victim.read_bytes() == b"zip" and not inside.exists()
+    assert ids(engine, "ci_deleted_objects") == [refused] and removed not in ids(engine, "ci_deleted_objects")
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["status"], report["rows_changed"], report["files_removed"], report["refused_count"]) == (
+        "success", 1, 1, 1
+    )
+    assert report["refused"][0].startswith(f"row {refused}: ") and "is a symbolic link" in report["refused"][0]
+    assert (would["would_refused"], would["would_removed"], would["refused"][0]) == (1, 1, report["refused"][0])

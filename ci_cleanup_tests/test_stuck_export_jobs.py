@@ -99,6 +99,32 @@ def test_job_with_status_key_present_is_kept(stack, engine, redis_client):
     assert redis_client.exists(status_key("jid-queued"), status_key("jid-started")) == 2
 
 
+STATUS_KEY_KINDS = {
+    "hash": lambda c, key: c.hset(key, "status", "1"),
+    "list": lambda c, key: c.rpush(key, "1"),
+    "set": lambda c, key: c.sadd(key, "1"),
+    "zset": lambda c, key: c.zadd(key, {"1": 1.0}),
+}
+
+
+def test_status_key_of_any_type_means_the_sidekiq_job_is_alive(stack, engine, redis_client):
+    """GitLab checks presence (EXISTS): a hash, list, set or zset status key is a running job, not a gone one."""
+    jobs = {kind: export_job(engine, f"jid-{kind}", STARTED) for kind in STATUS_KEY_KINDS}
+    gone = export_job(engine, "jid-gone", STARTED)
+    for kind, make in STATUS_KEY_KINDS.items():
+        make(redis_client, status_key(f"jid-{kind}"))
+    before = {kind: row(engine, "project_export_jobs", job_id) for kind, job_id in jobs.items()}
+    dumps = {kind: redis_client.dump(status_key(f"jid-{kind}")) for kind in STATUS_KEY_KINDS}
+
+    result = run_job(stuck_export_jobs, stack)
+
+    assert {kind: row(engine, "project_export_jobs", job_id) for kind, job_id in jobs.items()} == before
+    assert_failed(engine, gone)
+    report = op_metadata(result, REPORT)
+    assert (report["failed_jobs_count"], report["job_ids"], report["running_count"]) == (1, ["jid-gone"], 4)
+    assert {kind: redis_client.dump(status_key(f"jid-{kind}")) for kind in STATUS_KEY_KINDS} == dumps
+
+
 @pytest.mark.parametrize("status", [FINISHED, FAILED])
 def test_finished_and_failed_jobs_are_untouched(stack, engine, redis_client, status):
     job_id = export_job(engine, "jid-done", status)

@@ -12,8 +12,8 @@ from pydantic import Field
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease, table,
-    track_exception,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run,
+    run_lease, skip_for_held_lease, table, track_exception,
 )
 from . import service
 
@@ -50,6 +50,7 @@ def find_canceling_builds(
         gitlab_tables = require_columns(conn, [schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
         candidates = service.count_candidates(conn, schema, cutoff)
     lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
+    skipped = {}
     if run_options.dry_run:
         mark_dry_run(context)
         status = "dry run"
@@ -57,10 +58,13 @@ def find_canceling_builds(
         status = "run"
     else:
         status = "skipped: lease held"
-        context.log.info(f"Lease {LEASE_KEY} is held by another process; skipping as the seed does")
+        skipped = skip_for_held_lease(context, lease)
     context.log.info("Cleaning canceling, timed-out builds")
     context.add_output_metadata(
-        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "status": status, "gitlab_tables": gitlab_tables}
+        {
+            "candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "status": status,
+            "gitlab_tables": gitlab_tables, **skipped,
+        }
     )
     return DropPlan(cutoff=cutoff, batch_size=config.batch_size, candidates=candidates, status=status)
 
@@ -125,6 +129,7 @@ def report_dropped_builds(
             "changed_concurrently_count": result.changed_concurrently,
             "left_count": result.left,
             "batches": result.batches,
+            ROWS_WITH_ERRORS: len(result.errors),
             "errors": [f"build {build_id}: {error}" for build_id, error in result.errors[:MAX_IDS_REPORTED]],
         }
     )

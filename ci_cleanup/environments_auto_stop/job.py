@@ -13,7 +13,8 @@ from pydantic import Field
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease, track_exception,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run,
+    run_lease, skip_for_held_lease, track_exception,
 )
 from . import service
 
@@ -61,15 +62,17 @@ def find_auto_stoppable_environments(
     with gitlab_db.engine.connect() as conn:
         gitlab_tables = require_columns(conn, [schema.environments, schema.deployments, schema.ci_builds, schema.ci_pending_builds])
         candidates = service.count_auto_stoppable(conn, schema, utc_now())
+    lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
+    skipped = {}
     if run_options.dry_run:
         mark_dry_run(context)
         status = "dry run"
-    elif _obtain(run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)):
+    elif _obtain(lease):
         status = "run"
     else:
         status = "skipped: lease held"
-        context.log.info(f"Lease {LEASE_KEY} is held by another process; skipping as the seed does")
-    context.add_output_metadata({"candidates": candidates, "status": status, "gitlab_tables": gitlab_tables})
+        skipped = skip_for_held_lease(context, lease)
+    context.add_output_metadata({"candidates": candidates, "status": status, "gitlab_tables": gitlab_tables, **skipped})
     return AutoStopPlan(
         batch_size=config.batch_size, max_loops=config.max_loops, max_runtime_minutes=config.max_runtime_minutes,
         candidates=candidates, status=status,
@@ -152,6 +155,7 @@ def report_auto_stop(
             "left_untouched_count": counts[service.LEFT_UNTOUCHED] + counts[service.CHANGED_CONCURRENTLY],
             "changed_concurrently_count": counts[service.CHANGED_CONCURRENTLY],
             "failed_count": counts[service.FAILED],
+            ROWS_WITH_ERRORS: counts[service.FAILED],
             "stop_actions_started": result.stop_actions_started if ran else 0,
             "loops": result.loops,
             "limit_reached": result.limit_reached,

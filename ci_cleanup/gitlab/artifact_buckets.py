@@ -47,6 +47,15 @@ return bucket
 """
 
 
+STRAYS_REPORTED = 20  # stray members named in the run's metadata; the count is exact
+
+
+def is_bucket_number(member: bytes) -> bool:
+    """What GitLab writes (``bucket.to_s``): ASCII digits, no leading zero. ``"00001"`` is not bucket 1:
+    ``SREM "1"`` would miss it, and bucket 1 would look present while no worker could ever claim it."""
+    return member.isdigit() and (member == b"0" or not member.startswith(b"0"))
+
+
 class MalformedBuckets(RuntimeError):
     """A bucket key holds something GitLab never writes there: the run stops, leaving the keys as they are."""
 
@@ -73,8 +82,16 @@ def check_keys(client: redis.Redis) -> None:
 
 @dataclass(frozen=True)
 class BucketState:
-    available: frozenset[int]
-    occupied: dict[int, float]  # bucket -> claim time, unix seconds
+    available: frozenset[int]  # canonical bucket numbers only
+    occupied: dict[int, float]  # bucket -> claim time, unix seconds; canonical members only
+    not_canonical: frozenset[bytes] = frozenset()  # free members like "007": strays whatever max_buckets is
+
+    def strays(self, max_buckets: int) -> list[str]:
+        """Free members no worker may take: not canonical, or at or above ``max_buckets`` (left by a scale-down)."""
+        return sorted(
+            [m.decode() for m in self.not_canonical] + [str(b) for b in self.available if b >= max_buckets],
+            key=lambda m: (len(m), m),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,7 +103,8 @@ class ScheduledBuckets:
     occupied_count: int
     stale_count: int
     missing_count: int
-    above_max: tuple[int, ...] = ()  # free buckets >= max_buckets (after a scale-down), to be retired
+    stray_count: int = 0  # free members retired (or, in a dry run, to be retired) by this run
+    strays: tuple[str, ...] = ()  # the first STRAYS_REPORTED of them
 
 
 def read_state(client: redis.Redis) -> BucketState:
@@ -94,9 +112,11 @@ def read_state(client: redis.Redis) -> BucketState:
     pipe.smembers(AVAILABLE_KEY)
     pipe.zrange(OCCUPIED_KEY, 0, -1, withscores=True)
     available, occupied = pipe.execute()
+    # A non-canonical occupied member is left alone: stale recovery makes it free, and then a stray.
     return BucketState(
-        available=frozenset(int(b) for b in available),
-        occupied={int(b): score for b, score in occupied},
+        available=frozenset(int(b) for b in available if is_bucket_number(b)),
+        occupied={int(b): score for b, score in occupied if is_bucket_number(b)},
+        not_canonical=frozenset(b for b in available if not is_bucket_number(b)),
     )
 
 
@@ -115,10 +135,17 @@ def missing_buckets(state: BucketState, max_buckets: int) -> set[int]:
 
 
 def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> ScheduledBuckets:
-    """The scheduler's bucket upkeep: stale ones recovered, then missing ones added."""
+    """The scheduler's bucket upkeep: stale ones recovered, strays retired (one SREM), then missing ones added.
+
+    GitLab retires a bucket at or above max_buckets when a worker happens to pop it; retiring every
+    stray here keeps the workers at max_buckets, however many strays the set holds.
+    """
     check_keys(client)
     stale_count = recover_stale(client, now)
     state = read_state(client)
+    strays = state.strays(max_buckets)
+    if strays:
+        client.srem(AVAILABLE_KEY, *strays)
     missing = missing_buckets(state, max_buckets)
     if missing:
         client.sadd(AVAILABLE_KEY, *(str(b) for b in sorted(missing)))
@@ -128,7 +155,8 @@ def schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) -> Schedul
         occupied_count=len(state.occupied),
         stale_count=stale_count,
         missing_count=len(missing),
-        above_max=tuple(sorted(b for b in state.available if b >= max_buckets)),
+        stray_count=len(strays),
+        strays=tuple(strays[:STRAYS_REPORTED]),
     )
 
 
@@ -138,14 +166,19 @@ def preview_schedule(client: redis.Redis, max_buckets: int, now: dt.datetime) ->
     state = read_state(client)
     cutoff = stale_cutoff(now)
     stale = {b for b, score in state.occupied.items() if score <= cutoff}
-    after_recovery = BucketState(available=state.available | stale, occupied={b: s for b, s in state.occupied.items() if b not in stale})
+    after_recovery = BucketState(
+        available=state.available | stale, occupied={b: s for b, s in state.occupied.items() if b not in stale},
+        not_canonical=state.not_canonical,
+    )
+    strays = after_recovery.strays(max_buckets)
     return ScheduledBuckets(
         max_buckets=max_buckets,
         available_count=len(after_recovery.available),
         occupied_count=len(after_recovery.occupied),
         stale_count=len(stale),
         missing_count=len(missing_buckets(after_recovery, max_buckets)),
-        above_max=tuple(sorted(b for b in after_recovery.available if b >= max_buckets)),
+        stray_count=len(strays),
+        strays=tuple(strays[:STRAYS_REPORTED]),
     )
 
 

@@ -15,8 +15,14 @@ def status_key(jid: str) -> str:
 
 
 def completed_jids(client: redis.Redis, jids: Sequence[str]) -> set[str]:
-    """The jids whose status key is absent, in one MGET (GitLab's ``completed_jids``)."""
+    """The jids whose status key is absent (GitLab's ``completed_jids``), in one round trip.
+
+    GitLab asks ``EXISTS`` per key: a key of any type means the job is alive. MGET would answer
+    nil for a hash, list, set or zset key and fail an export whose job is still running.
+    """
     if not jids:
         return set()
-    values = client.mget([status_key(jid) for jid in jids])
-    return {jid for jid, value in zip(jids, values) if value is None}
+    pipe = client.pipeline(transaction=False)
+    for jid in jids:
+        pipe.exists(status_key(jid))
+    return {jid for jid, present in zip(jids, pipe.execute()) if not present}

@@ -4,20 +4,23 @@ Beyond seed 004 (its impact list names the stored files): rows whose ``pick_up_a
 taken 100 at a time (``FOR UPDATE SKIP LOCKED``, each batch one transaction); a local file
 (``file_store = 1``) is removed from ``<root>/<store_dir>/<file>`` and its row deleted. A file already
 gone counts as removed. Object-storage rows (``file_store = 2``) need a storage backend: they are
-counted and left. A path that would leave the root, or a local row with no root configured, is
-reported and left, never guessed at.
+counted and left. A path that would leave the root (``..``, absolute, or through a symbolic link
+anywhere below the root), or a local row with no root configured, is reported and left, never guessed at.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import posixpath
-from collections.abc import Callable
+import stat
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, delete, func, select, tuple_
+from sqlalchemy import ColumnElement, Text, cast, delete, func, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
@@ -30,13 +33,66 @@ class UnsafePath(ValueError):
     """A ``ci_deleted_objects`` row whose path would leave the artifacts root."""
 
 
-def local_path(root: Path, store_dir: str, file: str) -> Path:
-    """``<root>/<store_dir>/<file>``, refusing absolute parts and ``..`` (a bad row must not delete elsewhere)."""
+def path_parts(store_dir: str, file: str) -> list[str]:
+    """The folders of ``<store_dir>``, refusing absolute parts and ``..`` (a bad row must not delete elsewhere)."""
     if not file or "/" in file or file in (".", ".."):
         raise UnsafePath(f"file {file!r} is not a plain file name")
     if posixpath.isabs(store_dir) or ".." in store_dir.split("/"):
         raise UnsafePath(f"store_dir {store_dir!r} leaves the artifacts root")
-    return root.joinpath(*[part for part in store_dir.split("/") if part], file)
+    return [part for part in store_dir.split("/") if part not in ("", ".")]
+
+
+@contextmanager
+def folder_of(root: Path, store_dir: str, file: str) -> Iterator[int]:
+    """A descriptor of ``<root>/<store_dir>``, opened folder by folder with ``O_NOFOLLOW``.
+
+    The text of a path says nothing of where it leads: ``root/evil -> /elsewhere`` (or ``ab`` of a hashed
+    path made a link) would take an unlink outside the root. No symbolic link below the root is followed;
+    the root itself may be one (a mount moved elsewhere). A missing folder raises FileNotFoundError.
+    """
+    parts = path_parts(store_dir, file)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                    link = "/".join(parts[: depth + 1])
+                    raise UnsafePath(f"{link!r} is a symbolic link: it may leave the artifacts root") from None
+                raise
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def remove_file(root: Path, store_dir: str, file: str) -> None:
+    """Unlink ``<root>/<store_dir>/<file>`` without following any link below the root (FileNotFoundError if gone)."""
+    with folder_of(root, store_dir, file) as fd:
+        if _is_link(file, fd):  # the link itself would go, but a row naming a link is not GitLab's
+            raise UnsafePath(f"{store_dir}/{file} is a symbolic link, not a stored file")
+        os.unlink(file, dir_fd=fd)
+
+
+def file_exists(root: Path, store_dir: str, file: str) -> bool:
+    """Whether :func:`remove_file` would find the file (dry run); raises UnsafePath where it would refuse."""
+    try:
+        with folder_of(root, store_dir, file) as fd:
+            if _is_link(file, fd):
+                raise UnsafePath(f"{store_dir}/{file} is a symbolic link, not a stored file")
+            os.stat(file, dir_fd=fd, follow_symlinks=False)
+            return True
+    except FileNotFoundError:
+        return False
 
 
 def due(schema: GitLabSchema, now: dt.datetime) -> ColumnElement[bool]:
@@ -88,8 +144,7 @@ def _remove(root: Path | None, obj, batch: FilesBatch, report_error: Callable[[i
         batch.no_root.append(obj.id)
         return False
     try:
-        path = local_path(root, obj.store_dir, obj.file)
-        os.remove(path)
+        remove_file(root, obj.store_dir, obj.file)
     except FileNotFoundError:
         batch.missing.append(obj.id)
         return True
@@ -108,10 +163,13 @@ def destroy_batch(
     """One transaction: lock the next due rows, remove their files, delete the rows whose file is gone.
 
     Rows are paged by ``(pick_up_at, id)`` so a row that is left is not taken again in the same run.
-    Returns the batch and the page key to continue after (None when no row was left to take).
+    Returns the batch and the page key to continue after (None when no row was left to take). The key
+    holds pick_up_at as PostgreSQL's text: a row GitLab wrote with a year-1 or BC pick_up_at has no
+    Python datetime, and must not stop every run.
     """
     d = schema.ci_deleted_objects
-    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, d.c.pick_up_at).where(due(schema, now))
+    pick_up_at = cast(d.c.pick_up_at, Text).label("pick_up_at")
+    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, pick_up_at).where(due(schema, now))
     if after is not None:
         query = query.where(tuple_(d.c.pick_up_at, d.c.id) > after)
     query = query.order_by(d.c.pick_up_at, d.c.id).limit(batch_size).with_for_update(skip_locked=True)
@@ -147,11 +205,11 @@ def preview(conn: Connection, schema: GitLabSchema, root: Path | None, now: dt.d
             batch.no_root.append(obj.id)
         else:
             try:
-                path = local_path(root, obj.store_dir, obj.file)
-            except UnsafePath as e:
+                exists = file_exists(root, obj.store_dir, obj.file)
+            except (UnsafePath, OSError) as e:
                 batch.refused.append((obj.id, str(e)))
                 continue
-            (batch.removed if path.exists() else batch.missing).append(obj.id)
+            (batch.removed if exists else batch.missing).append(obj.id)
     return batch
 
 

@@ -8,8 +8,9 @@ executor runs the workers side by side, ``max_concurrent`` bounding them.
 GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: steps may run one
 after another (the in-process executor), and a worker taking "any" would often re-take the bucket
 the previous one just released and leave others unprocessed. A bucket another process holds is
-simply not processed by this run, as in GitLab. Free buckets at or above max_buckets (left by a
-scale-down) get a worker too, which retires them.
+simply not processed by this run, as in GitLab. Free members at or above max_buckets (left by a
+scale-down) or not written as GitLab writes them ("007") are retired by schedule_buckets in one step,
+so a run never has more than max_buckets workers.
 
 ``delete_expired_artifact_files``: drains ``ci_deleted_objects`` (GitLab's ``Ci::DeleteObjectsWorker``).
 """
@@ -36,7 +37,9 @@ from pydantic import Field
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run, table, track_exception
+from ..runs import (
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, table, track_exception,
+)
 from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
@@ -75,6 +78,8 @@ def _bucket_metadata(buckets: artifact_buckets.ScheduledBuckets | None) -> dict:
         "occupied_count": buckets.occupied_count,
         "stale_count": buckets.stale_count,
         "missing_count": buckets.missing_count,
+        "stray_count": buckets.stray_count,
+        "strays": list(buckets.strays),
     }
 
 
@@ -111,12 +116,17 @@ def schedule_buckets(
         )
         return
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
+    if buckets.stray_count:
+        context.log.warning(
+            f"Retired {buckets.stray_count} stray members of {artifact_buckets.AVAILABLE_KEY} (not a bucket below "
+            f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
+        )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     yield Output(
         BulkDeletePlan(status="run", buckets=buckets, **limits), "plan",
         metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables},
     )
-    for bucket in [*range(flags.max_buckets), *buckets.above_max]:
+    for bucket in range(flags.max_buckets):
         yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
 
 
@@ -209,6 +219,9 @@ schedule_bulk_delete_job_artifacts_schedule = ScheduleDefinition(
 
 
 ARTIFACTS_ROOT_ENV = "CI_CLEANUP_ARTIFACTS_ROOT"
+# The files job runs every 10 minutes: a run still going when the next is due is failed (and alerted) by
+# run monitoring rather than left to hold the run queue.
+FILES_MAX_RUNTIME_SECONDS = 10 * 60
 
 
 class DeleteExpiredArtifactFilesConfig(Config):
@@ -299,6 +312,7 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
             "object_storage_left": result.object_storage,
             "local_left_without_root": result.no_root,
             "refused_count": len(result.refused),
+            ROWS_WITH_ERRORS: len(result.refused),
             "refused": [f"row {i}: {why}" for i, why in result.refused[:MAX_IDS_REPORTED]],
             "batches": result.batches,
             "due_count": sum(plan.due_by_store.values()),
@@ -309,7 +323,10 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
 
 @job(
     description="Beyond seed 004: remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
-    tags={"ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004"},
+    tags={
+        "ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004",
+        "dagster/max_runtime": str(FILES_MAX_RUNTIME_SECONDS),
+    },
 )
 def delete_expired_artifact_files():
     plan = plan_artifact_file_removal()

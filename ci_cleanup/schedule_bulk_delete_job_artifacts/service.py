@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import redis
 from sqlalchemy import (
-    BigInteger, ColumnElement, FromClause, Integer, Select, Text, and_, any_, bindparam, case, cast, delete, func, insert, or_, select,
+    BigInteger, ColumnElement, FromClause, Integer, Numeric, Select, Text, and_, any_, bindparam, case, cast, delete,
+    func, insert, or_, select,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
 from sqlalchemy.engine import Connection, Engine, Row
@@ -34,7 +35,10 @@ MAX_BUCKETS_HIGH_CONCURRENCY = 10
 BATCH_SIZE = 100
 MAX_BATCHES = 500
 MAX_RUNTIME = dt.timedelta(minutes=5)
-START = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)  # a worker's cursor (expire_at, id) before its first batch
+# A worker's cursor (expire_at, id) before its first batch: before any expire_at, '-infinity' and BC dates included.
+# The cursor stays PostgreSQL's text of the timestamp, never a Python datetime: those stop at year 1, and
+# a year-1 expire_at read in a session west of UTC is "year -1"; the text goes back into the next batch exactly.
+START = ("-infinity", 0)
 # ci_deleted_objects.pick_up_at = expire_at, but never more than a day back nor an hour ahead.
 PICK_UP_AT_EARLIEST = dt.timedelta(days=1)
 PICK_UP_AT_LATEST = dt.timedelta(hours=1)
@@ -85,7 +89,8 @@ def expired_in_bucket(
         # that 0.5 % of the rows match, not 1 in max_buckets; it then sorts the whole backlog past the cursor
         # instead of reading the expire_at index in order (45 ms vs 0.2 ms a batch at 1 M artifacts). A
         # boolean CASE is guessed at a third, close enough for the ordered index scan.
-        case((func.mod(a.c.project_id + a.c.job_id, max_buckets) == bucket, True), else_=False),
+        # In numeric: a project_id + job_id past 2^63-1 (a bad row) would make bigint's + fail every batch.
+        case((func.mod(cast(a.c.project_id, Numeric) + a.c.job_id, max_buckets) == bucket, True), else_=False),
     )
 
 
@@ -227,7 +232,7 @@ def batch_statement(schema: GitLabSchema) -> Select:
     return select(
         flags.c.enabled,
         flags.c.max_buckets,
-        select(last.c.expire_at).scalar_subquery().label("last_expire_at"),
+        select(cast(last.c.expire_at, Text)).scalar_subquery().label("last_expire_at"),
         select(last.c.id).scalar_subquery().label("last_id"),
         select(func.array_agg(aggregate_order_by(deleted.c.id, deleted.c.id))).scalar_subquery().label("ids"),
         select(cast(func.coalesce(func.sum(deleted.c.size), 0), BigInteger)).scalar_subquery().label("size"),

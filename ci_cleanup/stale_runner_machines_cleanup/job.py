@@ -17,6 +17,9 @@ from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_r
 from . import service
 
 ASSET = ("gitlab", "ci_runner_machines")
+# No lease bounds this hourly job: run monitoring fails a run still going at half the hour, which alerts
+# and frees the run queue for the next one.
+MAX_RUNTIME_SECONDS = 30 * 60
 MAX_SUB_BATCHES = 1000  # keeps batch_counts and the per-sub-batch observations of one run bounded
 
 
@@ -122,7 +125,10 @@ def report_stale_runner_machines_cleanup(context: OpExecutionContext, plan: Clea
 
 @job(
     description="Seed 001: delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
-    tags={"ci_cleanup/job": "stale_runner_machines_cleanup", "ci_cleanup/seed": "001"},
+    tags={
+        "ci_cleanup/job": "stale_runner_machines_cleanup", "ci_cleanup/seed": "001",
+        "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
+    },
 )
 def stale_runner_machines_cleanup():
     plan = find_stale_runner_machines()

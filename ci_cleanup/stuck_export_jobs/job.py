@@ -14,16 +14,19 @@ from pydantic import Field
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, redact_redis_url
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run, track_exception
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, track_exception
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
+# No lease bounds this hourly job: run monitoring fails a run still going at half the hour, which alerts
+# and frees the run queue for the next one.
+MAX_RUNTIME_SECONDS = 30 * 60
 
 
 class StuckExportJobsConfig(Config):
     chunk_size: int = Field(
         default=service.CHUNK_SIZE, ge=1, le=10_000,
-        description="Export jobs read, and jids asked of Sidekiq's Redis in one MGET, per chunk",
+        description="Export jobs read, and jids asked of Sidekiq's Redis in one EXISTS pipeline, per chunk",
     )
     relation_exports_grace_hours: int = Field(
         default=int(service.EXPORT_JOBS_EXPIRATION.total_seconds() // 3600), ge=0, le=7 * 24,
@@ -124,6 +127,7 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
             "parallel_in_grace_count": result.parallel_in_grace,
             "chunks": result.chunks,
             "errors_count": result.errors_count,
+            ROWS_WITH_ERRORS: result.errors_count,
             "errors": [f"export job {job_id}: {error}" for job_id, error in result.errors],
         }
     )
@@ -133,7 +137,10 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
 
 @job(
     description="Seed 002: fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
-    tags={"ci_cleanup/job": "stuck_export_jobs", "ci_cleanup/seed": "002"},
+    tags={
+        "ci_cleanup/job": "stuck_export_jobs", "ci_cleanup/seed": "002",
+        "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
+    },
 )
 def stuck_export_jobs():
     plan = find_enqueued_export_jobs()

@@ -1,7 +1,7 @@
 """Seed 002, ``StuckExportJobsWorker``: fail project exports whose Sidekiq job is gone.
 
 The rule, without Dagster: page through queued and started export jobs by id, ask Sidekiq's Redis
-in one MGET per chunk which of their jids are completed (status key absent), and fail those still
+in one pipelined EXISTS per chunk which of their jids are completed (status key absent), and fail those still
 queued or started under the same jid (a job may have finished or been re-enqueued meanwhile),
 sparing parallel exports inside their 6-hour grace. The seed re-reads the rows, then fails each in
 its own transaction; here one UPDATE per chunk carries the re-read's conditions, the jobs it did
@@ -109,7 +109,7 @@ def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
 
 
 def ask_sidekiq(queues: redis.Redis, candidates: list[Row]) -> tuple[StuckChunk, list[Row]]:
-    """One MGET for the chunk: its counts so far, and the candidates whose Sidekiq job is completed."""
+    """One pipelined EXISTS for the chunk: its counts so far, and the candidates whose Sidekiq job is completed."""
     completed_jids = sidekiq_status.completed_jids(queues, [job.jid for job in candidates])
     completed = [job for job in candidates if job.jid in completed_jids]
     chunk = StuckChunk(candidates=len(candidates), last_id=candidates[-1].id, running=len(candidates) - len(completed))
@@ -199,7 +199,7 @@ def classify(conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: li
 def find_stuck(
     conn: Connection, schema: GitLabSchema, queues: redis.Redis, candidates: list[Row], grace_cutoff: dt.datetime
 ) -> StuckChunk:
-    """Ask Sidekiq about one chunk (one MGET), then re-read the completed ones and apply the seed's checks; writes nothing."""
+    """Ask Sidekiq about one chunk (one EXISTS pipeline), re-read the completed jobs, apply the checks; no writes."""
     chunk, completed = ask_sidekiq(queues, candidates)
     classify(conn, schema, chunk, completed, grace_cutoff)
     return chunk
