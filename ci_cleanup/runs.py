@@ -128,9 +128,9 @@ class BatchObserver:
     """
 
     def __init__(self, context: OpExecutionContext, asset: Sequence[str], columns: Sequence[str] = (),
-                 log_name: str = "rows", every: float = OBSERVE_EVERY_SECONDS, clock=time.monotonic):
+                 log_name: str = "rows", every: float | None = None, clock=time.monotonic):
         self.context, self.asset, self.columns, self.log_name = context, asset, list(columns), log_name
-        self.every, self.clock = every, clock
+        self.every, self.clock = OBSERVE_EVERY_SECONDS if every is None else every, clock
         self.last = clock()
         self.per_batch: list[dict[str, int]] = []
         self.rows: list[Mapping[str, object]] = []

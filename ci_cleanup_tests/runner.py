@@ -31,3 +31,12 @@ def op_metadata(result: ExecuteInProcessResult, op_name: str) -> dict:
         if event.event_type_value == "STEP_OUTPUT":
             return {k: v.value for k, v in event.step_output_data.metadata.items()}
     raise AssertionError(f"{op_name} produced no output")
+
+
+def observed_per_batch(result: ExecuteInProcessResult, key: str) -> list[int]:
+    """``key`` of every batch, in order, from the run's observations (each carries its batches' ``per_batch``)."""
+    return [
+        count
+        for event in result.all_events if event.event_type_value == "ASSET_OBSERVATION"
+        for count in event.event_specific_data.asset_observation.metadata["per_batch"].value[key]
+    ]

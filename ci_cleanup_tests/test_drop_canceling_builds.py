@@ -15,7 +15,7 @@ from ci_cleanup.gitlab.schema import create_schema, utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, create, ids, naive_ago, row
-from .runner import op_metadata, run_job
+from .runner import observed_per_batch, op_metadata, run_job
 
 LEASE = PREFIX + LEASE_KEY
 
@@ -103,8 +103,27 @@ def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_clie
     assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(range(1, 251))
     report = op_metadata(result, "report_dropped_builds")
     assert (report["dropped_count"], report["batches"]) == (250, 3)
-    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert [o.event_specific_data.asset_observation.metadata["dropped"].value for o in observations] == [100, 100, 50]
+    assert observed_per_batch(result, "dropped") == [100, 100, 50]
+
+
+def test_batches_are_observed_at_a_bounded_rate_with_each_batchs_counts_and_rows(stack, engine, redis_client, monkeypatch):
+    builds = [outdated(engine) for _ in range(5)]
+    config = {"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}}
+
+    def observations(result):
+        return [e.event_specific_data.asset_observation.metadata for e in result.all_events
+                if e.event_type_value == "ASSET_OBSERVATION"]
+
+    gathered = observations(run_job(drop_canceling_builds, stack, run_config=config))  # a run shorter than 5 s
+    assert [(o["dropped"].value, o["batches"].value) for o in gathered] == [(5, 3)]
+    assert gathered[0]["per_batch"].value == {"dropped": [2, 2, 1], "doomed": [0, 0, 0], "changed_concurrently": [0, 0, 0]}
+    assert sorted(r.data["build_id"] for r in gathered[0]["dropping_outdated_builds"].value.records) == builds
+
+    more = [outdated(engine) for _ in range(3)]
+    monkeypatch.setattr("ci_cleanup.runs.OBSERVE_EVERY_SECONDS", 0)  # every batch is past the interval
+    each = observations(run_job(drop_canceling_builds, stack, run_config=config))
+    assert [(o["dropped"].value, o["batches"].value) for o in each] == [(2, 1), (1, 1)]
+    assert sorted(r.data["build_id"] for o in each for r in o["dropping_outdated_builds"].value.records) == more
 
 
 def test_batches_follow_the_seeds_order(stack, engine, redis_client):

@@ -22,7 +22,7 @@ from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row
-from .runner import op_metadata, run_job
+from .runner import observed_per_batch, op_metadata, run_job
 
 LEASE = PREFIX + LEASE_KEY
 CONFIG = "find_auto_stoppable_environments"
@@ -169,8 +169,9 @@ def test_with_action_setting_without_stop_actions_is_untouched_and_not_picked_ag
     meta = report(result)
     assert (meta["stopped_count"], meta["left_untouched_count"], meta["loops"], meta["limit_reached"]) == (260, 150, 5, None)
     observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert [o.metadata["stopped"].value for o in observations] == [0, 50, 100, 100, 10]
-    assert [o.metadata["left_untouched"].value for o in observations] == [100, 50, 0, 0, 0]
+    assert observed_per_batch(result, "stopped") == [0, 50, 100, 100, 10]
+    assert observed_per_batch(result, "left_untouched") == [100, 50, 0, 0, 0]
+    assert sum(o.metadata["stopped"].value for o in observations) == 260
     assert all(o.asset_key.path == ["gitlab", "environments"] for o in observations)
 
 

@@ -18,7 +18,7 @@ from ci_cleanup.stale_runner_machines_cleanup.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .runner import op_metadata, run_job
+from .runner import observed_per_batch, op_metadata, run_job
 
 NOW = dt.datetime(2024, 5, 6, 12, 0, tzinfo=dt.timezone.utc)
 WEEK = dt.timedelta(days=7)
@@ -43,10 +43,7 @@ def run_config(**config) -> dict:
 
 
 def observed_deletes(result) -> list[int]:
-    return [
-        e.event_specific_data.asset_observation.metadata["deleted"].value
-        for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
-    ]
+    return observed_per_batch(result, "deleted")
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from pydantic import Field
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run,
-    run_lease, skip_for_held_lease, table, track_exception,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, mark_dry_run, release_lease_on_failure, report_run,
+    run_lease, skip_for_held_lease, track_exception,
 )
 from . import service
 
@@ -85,31 +85,29 @@ def drop_outdated_builds(
         return service.DropResult()
 
     lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
+    # The seed's per-build log line ("Dropping outdated build"), as the observations' table.
+    observer = BatchObserver(
+        context, ASSET, ["build_id", "runner_id", "status", "failure_reason"], log_name="dropping_outdated_builds"
+    )
 
     def on_batch(batch: service.BatchOutcome) -> None:
         if not lease.renew():
             raise RuntimeError(f"Lost lease {LEASE_KEY} mid-run; stopping so two runs never drop at once")
-        dropped = [
-            {"build_id": row.id, "runner_id": row.runner_id, "status": row.status, "failure_reason": "stuck_or_timeout_failure"}
-            for row in batch.dropped
-        ]
-        observe(
-            context, ASSET,
-            {
-                "dropped": len(batch.dropped),
-                "doomed": len(batch.doomed),
-                "changed_concurrently": len(batch.changed_concurrently),
-                "dropping_outdated_builds": table(dropped, ["build_id", "runner_id", "status", "failure_reason"]),
-            },
+        observer.add(
+            {"dropped": len(batch.dropped), "doomed": len(batch.doomed),
+             "changed_concurrently": len(batch.changed_concurrently)},
+            [{"build_id": row.id, "runner_id": row.runner_id, "status": row.status,
+              "failure_reason": "stuck_or_timeout_failure"} for row in batch.dropped],
         )
 
     def report_error(build_id: int, error: BaseException) -> None:
         track_exception(context, error, build_id=build_id)
 
-    return service.drop_canceling_builds(
-        gitlab_db.engine, gitlab_db.schema, cutoff=plan.cutoff, batch_size=plan.batch_size,
-        on_batch=on_batch, report_error=report_error,
-    )
+    with observer:
+        return service.drop_canceling_builds(
+            gitlab_db.engine, gitlab_db.schema, cutoff=plan.cutoff, batch_size=plan.batch_size,
+            on_batch=on_batch, report_error=report_error,
+        )
 
 
 @op

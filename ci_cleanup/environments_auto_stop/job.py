@@ -13,7 +13,7 @@ from pydantic import Field
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, release_lease_on_failure, report_run,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, mark_dry_run, release_lease_on_failure, report_run,
     run_lease, skip_for_held_lease, track_exception,
 )
 from . import service
@@ -83,19 +83,19 @@ def find_auto_stoppable_environments(
 def stop_environments(
     context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.AutoStopResult:
-    """Stop the environments batch by batch; each batch is one observation of the environments table."""
+    """Stop the environments batch by batch; the batches are observed on the environments table."""
     if plan.status not in ("run", "dry run"):
         return service.AutoStopResult()
     dry_run = plan.status == "dry run"
     lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
+    observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments")
 
     def on_batch(batch: service.BatchOutcome) -> None:
         if dry_run:
             return
         if not lease.renew():
             raise RuntimeError(f"Lost lease {LEASE_KEY} mid-run; stopping so two runs never stop environments at once")
-        observe(
-            context, ASSET,
+        observer.add(
             {
                 "stopped": batch.count(service.STOPPED),
                 "stopping": batch.count(service.STOPPING),
@@ -103,16 +103,18 @@ def stop_environments(
                 "failed": batch.count(service.FAILED),
                 "stop_actions_started": len(batch.stop_actions_started),
             },
+            [{"environment_id": env_id, "outcome": outcome} for outcome, ids in batch.ids.items() for env_id in ids],
         )
 
     def report_error(environment_id: int, error: BaseException) -> None:
         track_exception(context, error, environment_id=environment_id)
 
-    result = service.auto_stop_environments(
-        gitlab_db.engine, gitlab_db.schema, batch_size=plan.batch_size, max_loops=plan.max_loops,
-        max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run, max_ids=MAX_IDS_REPORTED,
-        on_batch=on_batch, report_error=report_error,
-    )
+    with observer:
+        result = service.auto_stop_environments(
+            gitlab_db.engine, gitlab_db.schema, batch_size=plan.batch_size, max_loops=plan.max_loops,
+            max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run, max_ids=MAX_IDS_REPORTED,
+            on_batch=on_batch, report_error=report_error,
+        )
     if dry_run:
         context.add_output_metadata(
             {

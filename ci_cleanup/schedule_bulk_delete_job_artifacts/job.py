@@ -38,7 +38,7 @@ from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, table, track_exception,
+    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, mark_dry_run, report_run, table, track_exception,
 )
 from . import files, service
 
@@ -136,18 +136,20 @@ def delete_expired_artifacts_in_bucket(
 ) -> service.WorkerResult:
     """One ``BulkDeleteExpiredJobArtifactsWorker``: claim a bucket, delete its expired artifacts, release it."""
 
+    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
+
     def on_batch(claimed: int, batch: service.DeletedBatch) -> None:
-        observe(
-            context, ARTIFACTS,
-            {"mod_bucket": claimed, "destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
-             "deleted_objects": batch.deleted_objects},
+        observer.add(
+            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size, "deleted_objects": batch.deleted_objects},
+            [{"mod_bucket": claimed, "artifact_id": i} for i in batch.ids],
         )
 
-    result = service.run_bucket_worker(
-        gitlab_db.engine, gitlab_redis.shared_state, gitlab_db.schema,
-        bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
-        max_runtime=dt.timedelta(seconds=plan.max_runtime_seconds), on_batch=on_batch,
-    )
+    with observer:
+        result = service.run_bucket_worker(
+            gitlab_db.engine, gitlab_redis.shared_state, gitlab_db.schema,
+            bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
+            max_runtime=dt.timedelta(seconds=plan.max_runtime_seconds), on_batch=on_batch,
+        )
     if result.mod_bucket is None:
         context.log.info(f"Bucket {bucket} is not available (occupied by another worker); nothing to do")
     context.add_output_metadata(
@@ -294,10 +296,11 @@ def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
     def report_error(row_id: int, error: BaseException) -> None:
         track_exception(context, error, ci_deleted_object_id=row_id)
 
-    return files.delete_expired_artifact_files(
-        gitlab_db.engine, gitlab_db.schema, root, batch_size=plan.batch_size, max_batches=plan.max_batches,
-        on_batch=lambda batch: observe(context, DELETED_OBJECTS, _files_counts(batch)), report_error=report_error,
-    )
+    with BatchObserver(context, DELETED_OBJECTS) as observer:
+        return files.delete_expired_artifact_files(
+            gitlab_db.engine, gitlab_db.schema, root, batch_size=plan.batch_size, max_batches=plan.max_batches,
+            on_batch=lambda batch: observer.add(_files_counts(batch)), report_error=report_error,
+        )
 
 
 @op

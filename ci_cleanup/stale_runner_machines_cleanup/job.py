@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, RunOptions
-from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, report_run
+from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver, mark_dry_run, report_run
 from . import service
 
 ASSET = ("gitlab", "ci_runner_machines")
@@ -89,17 +89,16 @@ def delete_stale_runner_machines(
         context.add_output_metadata({"would_delete_count": would_delete, "would_delete_ids": ids})
         return service.CleanupResult(max_deletions=plan.max_deletions)
 
-    sub_batch = 0
+    observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
-        nonlocal sub_batch
-        sub_batch += 1
-        observe(context, ASSET, {"sub_batch": sub_batch, "deleted": len(deleted_ids)})
+        observer.add({"deleted": len(deleted_ids)}, [{"runner_machine_id": i} for i in deleted_ids])
 
-    return service.delete_stale_runner_managers(
-        gitlab_db.engine, gitlab_db.schema, now=plan.now, stale_after=plan.stale_after,
-        sub_batch_limit=plan.sub_batch_size, max_deletions=plan.max_deletions, on_sub_batch=on_sub_batch,
-    )
+    with observer:
+        return service.delete_stale_runner_managers(
+            gitlab_db.engine, gitlab_db.schema, now=plan.now, stale_after=plan.stale_after,
+            sub_batch_limit=plan.sub_batch_size, max_deletions=plan.max_deletions, on_sub_batch=on_sub_batch,
+        )
 
 
 @op
