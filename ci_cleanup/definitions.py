@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSpec, Definitions, EnvVar
+from dagster import AssetSpec, Definitions, EnvVar, in_process_executor
 
 from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
 from .environments_auto_stop.job import environments_auto_stop, environments_auto_stop_schedule
@@ -48,4 +48,7 @@ defs = Definitions(
     schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule, delete_expired_artifact_files_schedule],
     sensors=alert_sensors,
     resources=resources(),
+    # Linear jobs run their ops in the run's own process: a process per op would import everything again
+    # (seconds per run with nothing to do). schedule_bulk_delete_job_artifacts keeps its multiprocess executor.
+    executor=in_process_executor,
 )
