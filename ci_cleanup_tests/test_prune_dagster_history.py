@@ -32,6 +32,7 @@ from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
 from .factories import ago, create
+from .test_reliability_faults import failure_messages
 from .runner import op_metadata, run_job
 
 S, F, C = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED
@@ -156,3 +157,118 @@ def test_dagster_yaml_bounds_schedule_and_sensor_ticks(instance):
     assert instance.get_tick_retention_settings(InstigatorType.SENSOR) == {
         TickStatus.STARTED: -1, TickStatus.SKIPPED: 7, TickStatus.SUCCESS: 30, TickStatus.FAILURE: 90,
     }
+
+
+def at(days_ago_: int, hour: int) -> dt.datetime:
+    day = service.midnight(utc_now()) - dt.timedelta(days=days_ago_)
+    return day + dt.timedelta(hours=hour)
+
+
+def history(instance, job_name: str) -> list[tuple[float, dict]]:
+    records = instance.fetch_observations(service.history_asset_key(job_name), limit=100, ascending=True).records
+    return [(r.timestamp, {k: v.value for k, v in r.asset_observation.metadata.items()}) for r in records]
+
+
+def totals(day: dt.datetime, runs=0, succeeded=0, failed=0, canceled=0, rows_changed=0) -> tuple[float, dict]:
+    return (service.midnight(day) + dt.timedelta(days=1)).timestamp() - 1, {
+        "day": day.date().isoformat(), "runs": runs, "succeeded": succeeded, "failed": failed,
+        "canceled": canceled, "rows_changed": rows_changed,
+    }
+
+
+def test_each_jobs_totals_of_a_day_are_kept_once_as_an_observation_on_that_day(
+    stack, engine, redis_client, instance, dagster_db, template
+):
+    create(engine, "ci_builds", created_at=ago(hours=2).replace(tzinfo=None), updated_at=ago(hours=2).replace(tzinfo=None))
+    from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+
+    other = run_job(drop_canceling_builds, stack, instance=instance).run_id  # rows_changed 1
+    d1, d2 = 40, 35
+    clone_runs(dagster_db, template, [at(d1, 0), at(d1, 12), at(d1, 23)])
+    clone_runs(dagster_db, template, [at(d1, 6)], F)
+    clone_runs(dagster_db, template, [at(d2, 9)], C)
+    clone_runs(dagster_db, other, [at(d1, 1), at(d1, 2)])
+    clone_runs(dagster_db, other, [at(d2, 3)], F)
+
+    assert prune(stack, instance).success
+
+    assert history(instance, "stale_runner_machines_cleanup") == [
+        totals(at(d1, 0), runs=4, succeeded=3, failed=1, rows_changed=4 * 250),
+        totals(at(d2, 0), runs=1, canceled=1, rows_changed=250),
+    ]
+    assert history(instance, "drop_canceling_builds") == [
+        totals(at(d1, 0), runs=2, succeeded=2, rows_changed=2),
+        totals(at(d2, 0), runs=1, failed=1, rows_changed=1),
+    ]
+    assert service.summarised_through(instance) == (service.midnight(utc_now()) - dt.timedelta(days=31)).date()
+
+    # Killed after writing a day's totals and before marking it: the next run does not write them again.
+    instance.daemon_cursor_storage.set_cursor_values({service.SUMMARISED_KEY: at(d1 + 1, 0).date().isoformat()})
+    assert prune(stack, instance).success
+    assert [day["day"] for _, day in history(instance, "stale_runner_machines_cleanup")] == [
+        at(d1, 0).date().isoformat(), at(d2, 0).date().isoformat()
+    ]
+    assert len(history(instance, "drop_canceling_builds")) == 2
+
+
+def test_dry_run_lists_what_would_go_and_writes_nothing(stack, redis_client, instance, dagster_db, template):
+    old = clone_runs(dagster_db, template, spread(150, 50, 31))
+    clone_runs(dagster_db, template, spread(10, 20, 1))
+    before = (run_ids(dagster_db), events_by_run(dagster_db))
+
+    dry = run_job(prune_dagster_history, stack, instance=instance, dry_run=True)
+
+    events = events_by_run(dagster_db)
+    del events[dry.run_id]
+    assert (run_ids(dagster_db) - {dry.run_id}, events) == before
+    would = op_metadata(dry, "prune_runs")
+    assert (would["would_delete_count"], would["would_delete_run_ids"]) == (150, old)  # oldest first
+    assert len(would["would_summarise_days"]) == 20
+    assert history(instance, "stale_runner_machines_cleanup") == []
+    assert instance.daemon_cursor_storage.get_cursor_values({service.SUMMARISED_KEY, service.DELETING_KEY}) == {}
+    assert redis_client.keys(f"{PREFIX}*") == []
+    tags = instance.get_run_by_id(dry.run_id).tags
+    assert (tags[DRY_RUN_TAG], tags[ROWS_CHANGED_TAG]) == ("true", "0")
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"keep_days": 0}, "keep_days"),
+    ({"keep_days": 60, "keep_failed_days": 30}, "keep_failed_days (30) must be at least keep_days (60)"),
+    ({"batch_size": 1001}, "batch_size"),
+    ({"max_runtime_minutes": 56}, "max_runtime_minutes"),
+])
+def test_limits_out_of_range_fail_the_run_before_anything_is_deleted(
+    stack, redis_client, instance, dagster_db, template, config, named
+):
+    clone_runs(dagster_db, template, spread(20, 50, 31))
+    before = (run_ids(dagster_db), events_by_run(dagster_db))
+
+    result = prune(stack, instance, **config)
+
+    assert not result.success
+    assert named in failure_messages(result)
+    events = events_by_run(dagster_db)
+    del events[result.run_id]
+    assert (run_ids(dagster_db) - {result.run_id}, events) == before
+    assert redis_client.keys(f"{PREFIX}*") == []
+
+
+def test_a_run_while_another_holds_the_lease_is_skipped_and_deletes_nothing(
+    stack, redis_client, instance, dagster_db, template
+):
+    clone_runs(dagster_db, template, spread(20, 50, 31))
+    redis_client.set(PREFIX + LEASE_KEY, "another-prune-run", ex=600)
+    before = events_by_run(dagster_db)
+
+    result = prune(stack, instance)
+
+    assert result.success
+    assert op_metadata(result, "report_prune")["status"] == "skipped: lease held"
+    events = events_by_run(dagster_db)
+    del events[result.run_id]
+    assert events == before
+    assert redis_client.get(PREFIX + LEASE_KEY) == b"another-prune-run"
+    redis_client.delete(PREFIX + LEASE_KEY)
+
+    assert prune(stack, instance).success  # free again: the run takes it, and gives it back
+    assert len(events_by_run(dagster_db)) == 3 and redis_client.keys(f"{PREFIX}*") == []
