@@ -8,6 +8,7 @@ timestamps moved back: thousands in a second, where the instance API takes 70 ms
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import signal
@@ -272,3 +273,74 @@ def test_a_run_while_another_holds_the_lease_is_skipped_and_deletes_nothing(
 
     assert prune(stack, instance).success  # free again: the run takes it, and gives it back
     assert len(events_by_run(dagster_db)) == 3 and redis_client.keys(f"{PREFIX}*") == []
+
+
+# Runs the job in its own process on the instance in DAGSTER_HOME, so the test can SIGKILL it mid-deletion.
+PRUNE_IN_A_PROCESS = """
+import os, sys
+from dagster import DagsterInstance
+from ci_cleanup.prune_dagster_history.job import prune_dagster_history
+from ci_cleanup.resources import GitLabRedis, RunOptions
+
+with DagsterInstance.get() as instance:
+    prune_dagster_history.execute_in_process(
+        run_config={"ops": {"find_old_runs": {"config": {"batch_size": 10}}}}, instance=instance,
+        resources={"gitlab_redis": GitLabRedis(url=os.environ["CI_CLEANUP_REDIS_URL"]), "run_options": RunOptions()},
+    )
+"""
+
+
+def test_a_run_killed_mid_deletion_leaves_no_run_without_its_events_and_the_next_run_finishes_the_batch(
+    stack, redis_client, instance, dagster_db, template, tmp_path
+):
+    old = set(clone_runs(dagster_db, template, spread(2000, 60, 31)))
+    kept = set(clone_runs(dagster_db, template, spread(100, 29, 1))) | {template}
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "CI_CLEANUP_REDIS_URL": stack.redis_url}
+    process = subprocess.Popen([sys.executable, "-c", PRUNE_IN_A_PROCESS], env=env, stderr=subprocess.DEVNULL)
+    try:
+        while len(old & run_ids(dagster_db)) > 1000:  # about half-way
+            assert process.poll() is None, "the prune run ended before it could be killed"
+            time.sleep(0.02)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    left, events = run_ids(dagster_db), events_by_run(dagster_db)
+    assert 0 < len(old & left) < 2000
+    assert all(events[run_id] == 30 for run_id in (old | kept) & left)  # every run left is whole
+    with dagster_db.connect() as conn:
+        orphans = conn.scalar(text(ORPHAN_EVENTS))
+    assert orphans <= 10 * 30  # at most the batch under way, whose ids are recorded
+    pending = instance.daemon_cursor_storage.get_cursor_values({service.DELETING_KEY}).get(service.DELETING_KEY)
+    # The killed run's lease would expire with its TTL (run monitoring fails the run); the test does not wait.
+    redis_client.delete(PREFIX + LEASE_KEY)
+
+    result = prune(stack, instance)
+
+    assert result.success
+    assert op_metadata(result, "report_prune")["resumed_run_ids"] == (json.loads(pending) if pending else [])
+    assert not old & run_ids(dagster_db) and kept <= run_ids(dagster_db)
+    with dagster_db.connect() as conn:
+        assert conn.scalar(text(ORPHAN_EVENTS)) == 0
+    assert all(events_by_run(dagster_db)[run_id] == 30 for run_id in kept)
+
+
+def test_a_batch_left_half_deleted_is_deleted_again_first(stack, redis_client, instance, dagster_db, template):
+    """What a kill inside ``delete_run`` leaves on PostgreSQL: the run rows gone (one autocommitted statement
+    each), their events not yet; the batch's ids were recorded before it started."""
+    old = clone_runs(dagster_db, template, spread(30, 50, 31))
+    batch = old[:10]
+    instance.daemon_cursor_storage.set_cursor_values({service.DELETING_KEY: json.dumps(batch)})
+    for run_id in batch[:5]:
+        instance.run_storage.delete_run(run_id)
+    with dagster_db.connect() as conn:
+        assert conn.scalar(text(ORPHAN_EVENTS)) == 5 * 30
+
+    result = prune(stack, instance)
+
+    report = op_metadata(result, "report_prune")
+    assert (report["resumed_run_ids"], report["runs_deleted"]) == (batch, 20)
+    assert run_ids(dagster_db) == {template, result.run_id}
+    with dagster_db.connect() as conn:
+        assert conn.scalar(text(ORPHAN_EVENTS)) == 0
+    assert instance.daemon_cursor_storage.get_cursor_values({service.DELETING_KEY}) == {service.DELETING_KEY: "[]"}
