@@ -18,21 +18,24 @@ import time
 from collections import Counter
 
 import pytest
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, build_run_status_sensor_context
 from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import TickStatus
 from sqlalchemy import create_engine, text
 
 from ci_cleanup.bench.prune import clone_runs
 from ci_cleanup.devstack import REPO_ROOT
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.prune_dagster_history import service
 from ci_cleanup.prune_dagster_history.job import LEASE_KEY, prune_dagster_history, prune_dagster_history_schedule
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
+from ci_cleanup.sensors import run_failed_alert
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
-from .factories import ago, create
+from .factories import ago, create, naive_ago
+from .test_alerts import webhook  # noqa: F401  (the fixture)
 from .test_reliability_faults import failure_messages
 from .runner import op_metadata, run_job
 
@@ -180,9 +183,7 @@ def totals(day: dt.datetime, runs=0, succeeded=0, failed=0, canceled=0, rows_cha
 def test_each_jobs_totals_of_a_day_are_kept_once_as_an_observation_on_that_day(
     stack, engine, redis_client, instance, dagster_db, template
 ):
-    create(engine, "ci_builds", created_at=ago(hours=2).replace(tzinfo=None), updated_at=ago(hours=2).replace(tzinfo=None))
-    from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
-
+    create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
     other = run_job(drop_canceling_builds, stack, instance=instance).run_id  # rows_changed 1
     d1, d2 = 40, 35
     clone_runs(dagster_db, template, [at(d1, 0), at(d1, 12), at(d1, 23)])
@@ -344,3 +345,40 @@ def test_a_batch_left_half_deleted_is_deleted_again_first(stack, redis_client, i
     with dagster_db.connect() as conn:
         assert conn.scalar(text(ORPHAN_EVENTS)) == 0
     assert instance.daemon_cursor_storage.get_cursor_values({service.DELETING_KEY}) == {service.DELETING_KEY: "[]"}
+
+
+def test_no_new_batch_starts_after_the_run_time_limit(instance, dagster_db, template):
+    clone_runs(dagster_db, template, spread(100, 50, 31))
+    start, calls = utc_now(), []
+
+    def clock():  # each call is a minute later: the deadline read, then one call before each day and batch
+        calls.append(None)
+        return start + dt.timedelta(minutes=len(calls) - 1)
+
+    result = service.prune_history(
+        instance, now=utc_now(), batch_size=10, max_runtime=dt.timedelta(minutes=23), clock=clock
+    )
+
+    assert (result.days_summarised, result.batch_counts, result.time_limit_reached) == (20, [10, 10], True)
+    assert len(run_ids(dagster_db)) == 1 + 80
+
+
+def test_a_failed_prune_run_is_alerted_gives_its_lease_back_and_deletes_nothing(
+    stack, redis_client, instance, dagster_db, template, webhook  # noqa: F811
+):
+    clone_runs(dagster_db, template, spread(20, 50, 31))
+    instance.daemon_cursor_storage.set_cursor_values({service.DELETING_KEY: "not json"})
+    before = run_ids(dagster_db)
+
+    result = prune(stack, instance)
+
+    assert not result.success
+    named = f"The instance's key '{service.DELETING_KEY}' does not hold a JSON list of run ids"
+    assert named in failure_messages(result)
+    assert run_ids(dagster_db) - {result.run_id} == before
+    assert redis_client.keys(f"{PREFIX}*") == []  # released by the failure hook
+    run_failed_alert(build_run_status_sensor_context(
+        sensor_name="run_failed_alert", dagster_event=result.get_run_failure_event(), dagster_instance=instance,
+        dagster_run=result.dagster_run,
+    ).for_run_failure())
+    assert [(alert["alert"], alert["job"]) for alert in webhook] == [("run_failed", "prune_dagster_history")]

@@ -223,7 +223,12 @@ def record_day(instance: DagsterInstance, day: dt.date, totals: dict[str, DayTot
 def resume_interrupted_batch(instance: DagsterInstance) -> list[str]:
     """Delete again the runs of a batch a killed run left half-done; returns their ids."""
     value = instance.daemon_cursor_storage.get_cursor_values({DELETING_KEY}).get(DELETING_KEY)
-    run_ids = json.loads(value) if value else []
+    try:
+        run_ids = json.loads(value) if value else []
+    except ValueError:
+        run_ids = None
+    if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
+        raise ValueError(f"The instance's key {DELETING_KEY!r} does not hold a JSON list of run ids: {value[:200]!r}")
     for run_id in run_ids:
         instance.delete_run(run_id)
     if run_ids:
