@@ -10,6 +10,7 @@ from ci_cleanup.demo import seed
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema
+from ci_cleanup.prune_dagster_history.job import prune_dagster_history
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
@@ -19,7 +20,7 @@ from .runner import run_job
 
 JOBS = [
     drop_canceling_builds, stale_runner_machines_cleanup, stuck_export_jobs, environments_auto_stop,
-    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files, prune_dagster_history,
 ]
 
 
@@ -72,4 +73,5 @@ def test_run_time_limits_follow_the_seeds_lease_ttls_and_one_run_per_job_is_queu
     assert limits["drop_canceling_builds"] == str(30 * 60)
     assert limits["environments_auto_stop"] == str(50 * 60)
     assert limits["schedule_bulk_delete_job_artifacts"] == str(60 + 5 * 60)  # scheduler's 60 s + its workers
+    assert limits["prune_dagster_history"] == str(60 * 60)  # its lease
     assert {job.tags["ci_cleanup/job"] for job in JOBS} == {job.name for job in JOBS}

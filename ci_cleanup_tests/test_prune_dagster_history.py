@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, build_run_status_sensor_context
@@ -35,6 +36,7 @@ from ci_cleanup.sensors import run_failed_alert
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
 from .factories import ago, create, naive_ago
+from .test_code_location import clean_env
 from .test_alerts import webhook  # noqa: F401  (the fixture)
 from .test_reliability_faults import failure_messages
 from .runner import op_metadata, run_job
@@ -382,3 +384,24 @@ def test_a_failed_prune_run_is_alerted_gives_its_lease_back_and_deletes_nothing(
         dagster_run=result.dagster_run,
     ).for_run_failure())
     assert [(alert["alert"], alert["job"]) for alert in webhook] == [("run_failed", "prune_dagster_history")]
+
+
+def test_dagster_job_execute_prunes_the_instance_in_dagster_home(
+    stack, redis_client, instance, dagster_db, template, tmp_path
+):
+    old = set(clone_runs(dagster_db, template, spread(100, 50, 31)))
+    recent = set(clone_runs(dagster_db, template, spread(5, 20, 1)))
+
+    done = subprocess.run(
+        [Path(sys.executable).parent / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", "prune_dagster_history"],
+        env=clean_env(
+            DAGSTER_HOME=str(tmp_path), CI_CLEANUP_DAGSTER_PG_URL=stack.url("dagster"),
+            CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+        ),
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RUN_SUCCESS" in done.stderr
+    left = run_ids(dagster_db)
+    assert not old & left and recent | {template} <= left
