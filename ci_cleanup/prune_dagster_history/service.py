@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from dagster import AssetKey, AssetObservation, DagsterInstance, DagsterRunStatus, RunRecord, RunsFilter
 from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
+from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
+from sqlalchemy import func, select
 
 KEEP_DAYS = 30
 KEEP_FAILED_DAYS = 90  # failures are what an operator looks back at
@@ -236,13 +238,23 @@ def resume_interrupted_batch(instance: DagsterInstance) -> list[str]:
     return run_ids
 
 
-def count_events(instance: DagsterInstance, run_id: str) -> int:
-    return len(instance.get_records_for_run(run_id, limit=None).records)
+def count_events(instance: DagsterInstance, run_ids: list[str]) -> int:
+    """The runs' events: one count where the event log is one table (PostgreSQL, in memory).
+
+    Reading the records to count them (the public API) deserializes every event: a third of the
+    time of a batch. Dagster's sqlite storage keeps a file per run, so there they are read.
+    """
+    storage = instance.event_log_storage
+    if isinstance(storage, SqlEventLogStorage) and not isinstance(storage, SqliteEventLogStorage):
+        events = SqlEventLogStorageTable
+        with storage.index_connection() as conn:
+            return conn.execute(select(func.count()).where(events.c.run_id.in_(run_ids))).scalar_one()
+    return sum(len(instance.get_records_for_run(run_id, limit=None).records) for run_id in run_ids)
 
 
 def delete_batch(instance: DagsterInstance, run_ids: list[str]) -> int:
     """Delete the runs and their event logs; returns the events deleted."""
-    events = sum(count_events(instance, run_id) for run_id in run_ids)
+    events = count_events(instance, run_ids)
     instance.daemon_cursor_storage.set_cursor_values({DELETING_KEY: json.dumps(run_ids)})
     for run_id in run_ids:
         instance.delete_run(run_id)
