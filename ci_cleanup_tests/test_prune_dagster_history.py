@@ -30,7 +30,9 @@ from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.prune_dagster_history import service
-from ci_cleanup.prune_dagster_history.job import LEASE_KEY, prune_dagster_history, prune_dagster_history_schedule
+from ci_cleanup.prune_dagster_history.job import (
+    KEEP_DAYS_ENV, KEEP_FAILED_DAYS_ENV, LEASE_KEY, prune_dagster_history, prune_dagster_history_schedule,
+)
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.sensors import run_failed_alert
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
@@ -240,10 +242,15 @@ def test_dry_run_lists_what_would_go_and_writes_nothing(stack, redis_client, ins
     ({"keep_days": 60, "keep_failed_days": 30}, "keep_failed_days (30) must be at least keep_days (60)"),
     ({"batch_size": 1001}, "batch_size"),
     ({"max_runtime_minutes": 56}, "max_runtime_minutes"),
+    ({"env": "0"}, f"{KEEP_DAYS_ENV} must be a whole number of days from 1 to 3650, not '0'"),
+    ({"env": "30d"}, f"{KEEP_DAYS_ENV} must be a whole number of days from 1 to 3650, not '30d'"),
+    ({"env": "100"}, "keep_failed_days (90) must be at least keep_days (100)"),
 ])
 def test_limits_out_of_range_fail_the_run_before_anything_is_deleted(
-    stack, redis_client, instance, dagster_db, template, config, named
+    stack, redis_client, instance, dagster_db, template, monkeypatch, config, named
 ):
+    if "env" in config:
+        monkeypatch.setenv(KEEP_DAYS_ENV, config.pop("env"))
     clone_runs(dagster_db, template, spread(20, 50, 31))
     before = (run_ids(dagster_db), events_by_run(dagster_db))
 
@@ -405,3 +412,22 @@ def test_dagster_job_execute_prunes_the_instance_in_dagster_home(
     assert "RUN_SUCCESS" in done.stderr
     left = run_ids(dagster_db)
     assert not old & left and recent | {template} <= left
+
+
+def test_keep_times_come_from_the_environment_of_the_code_location_and_run_config_overrides_them(
+    stack, redis_client, instance, dagster_db, template, monkeypatch
+):
+    monkeypatch.setenv(KEEP_DAYS_ENV, "45")
+    monkeypatch.setenv(KEEP_FAILED_DAYS_ENV, "60")
+    days_50, days_40 = clone_runs(dagster_db, template, [days_ago(50), days_ago(40)])
+    failed_70, failed_55 = clone_runs(dagster_db, template, [days_ago(70), days_ago(55)], F)
+
+    first = prune(stack, instance)
+
+    assert run_ids(dagster_db) == {template, days_40, failed_55, first.run_id}
+    report = op_metadata(first, "report_prune")
+    assert (report["keep_days"], report["keep_failed_days"]) == (45, 60)
+
+    second = prune(stack, instance, keep_days=35, keep_failed_days=50)
+
+    assert run_ids(dagster_db) == {template, first.run_id, second.run_id}

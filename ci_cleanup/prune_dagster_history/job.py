@@ -7,11 +7,12 @@ lease released). Dagster's open-source release has no retention for runs or even
 
 import contextlib
 import datetime as dt
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dagster import Config, DagsterInstance, OpExecutionContext, ScheduleDefinition, job, op
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ..gitlab.schema import utc_now
 from ..resources import GitLabRedis, RunOptions
@@ -26,16 +27,22 @@ LEASE_TTL_SECONDS = 60 * 60
 MAX_RUNTIME_MINUTES = 30
 STATEMENT_TIMEOUT_MS = 60_000  # one statement deletes one run's events; a run of 100 k events fits
 ASSET = ("dagster", "runs")
+# The keep times for every run, scheduled or launched by hand, where the code location runs; run config overrides.
+KEEP_DAYS_ENV = "CI_CLEANUP_PRUNE_KEEP_DAYS"
+KEEP_FAILED_DAYS_ENV = "CI_CLEANUP_PRUNE_KEEP_FAILED_DAYS"
+MAX_KEEP_DAYS = 3650
 
 
 class PruneDagsterHistoryConfig(Config):
-    keep_days: int = Field(
-        default=service.KEEP_DAYS, ge=1, le=3650,
-        description="Successful and canceled runs of the last keep_days whole UTC days are kept, with their events",
+    keep_days: int | None = Field(
+        default=None, ge=1, le=MAX_KEEP_DAYS,
+        description="Successful and canceled runs of the last keep_days whole UTC days are kept, with their events. "
+        f"Default: env {KEEP_DAYS_ENV}, else {service.KEEP_DAYS}",
     )
-    keep_failed_days: int = Field(
-        default=service.KEEP_FAILED_DAYS, ge=1, le=3650,
-        description="Failed runs are kept this long (at least keep_days)"
+    keep_failed_days: int | None = Field(
+        default=None, ge=1, le=MAX_KEEP_DAYS,
+        description=f"Failed runs are kept this long (at least keep_days). Default: env {KEEP_FAILED_DAYS_ENV}, "
+        f"else {service.KEEP_FAILED_DAYS}",
     )
     batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Runs deleted per batch")
     max_runtime_minutes: int = Field(
@@ -43,13 +50,25 @@ class PruneDagsterHistoryConfig(Config):
         description="No new batch after this long (the rest waits for the next day); under the 60-minute lease",
     )
 
-    @model_validator(mode="after")
-    def _failures_kept_at_least_as_long(self):
-        if self.keep_failed_days < self.keep_days:
-            raise ValueError(
-                f"keep_failed_days ({self.keep_failed_days}) must be at least keep_days ({self.keep_days})"
-            )
-        return self
+
+def keep_times(config: PruneDagsterHistoryConfig) -> tuple[int, int]:
+    """(keep_days, keep_failed_days): run config, else the environment, else 30 and 90; checked together."""
+
+    def days(value: int | None, env: str, default: int) -> int:
+        if value is not None:
+            return value
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            return default
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_KEEP_DAYS:
+            raise ValueError(f"{env} must be a whole number of days from 1 to {MAX_KEEP_DAYS}, not {raw!r}")
+        return int(raw)
+
+    keep_days = days(config.keep_days, KEEP_DAYS_ENV, service.KEEP_DAYS)
+    keep_failed_days = days(config.keep_failed_days, KEEP_FAILED_DAYS_ENV, service.KEEP_FAILED_DAYS)
+    if keep_failed_days < keep_days:
+        raise ValueError(f"keep_failed_days ({keep_failed_days}) must be at least keep_days ({keep_days})")
+    return keep_days, keep_failed_days
 
 
 @dataclass(frozen=True)
@@ -88,7 +107,8 @@ def find_old_runs(
 ) -> PrunePlan:
     """Count the runs past their keep time, and take the lease (skip if another prune holds it)."""
     now = utc_now()
-    cutoffs = service.Cutoffs.at(now, config.keep_days, config.keep_failed_days)
+    keep_days, keep_failed_days = keep_times(config)
+    cutoffs = service.Cutoffs.at(now, keep_days, keep_failed_days)
     old_runs = service.count_old_runs(context.instance, cutoffs)
     if run_options.dry_run:
         mark_dry_run(context)
@@ -103,7 +123,7 @@ def find_old_runs(
          "cutoff_finished": cutoffs.finished.isoformat(), "cutoff_failed": cutoffs.failed.isoformat()}
     )
     return PrunePlan(
-        status=status, now=now, keep_days=config.keep_days, keep_failed_days=config.keep_failed_days,
+        status=status, now=now, keep_days=keep_days, keep_failed_days=keep_failed_days,
         batch_size=config.batch_size, max_runtime_minutes=config.max_runtime_minutes, old_runs=old_runs,
     )
 
