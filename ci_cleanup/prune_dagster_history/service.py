@@ -8,9 +8,9 @@ totals of that day are written once as a runless observation on ``ci_cleanup_his
 
 Deletion goes through ``DagsterInstance.delete_run``, Dagster's public API. On PostgreSQL it is not
 one transaction (the run row, then its events, each autocommitted), so the ids of a batch are
-written to the instance's key-value store before the batch and cleared after it: a run killed
-midway leaves at most that batch half-deleted, and the next run deletes those runs again
-(``delete_run`` is idempotent) before anything else.
+written to the instance's key-value store before the batch and cleared after it: a prune killed
+midway leaves at most that batch half-deleted (rows gone, events left; never a run without its
+events), and the next prune deletes those runs again (``delete_run`` is idempotent) before anything else.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
 from sqlalchemy import func, select
 
+from ..runs import ROWS_CHANGED_TAG  # every job's headline number, summed per day
+
 KEEP_DAYS = 30
 KEEP_FAILED_DAYS = 90  # failures are what an operator looks back at
 BATCH_SIZE = 100
@@ -36,7 +38,6 @@ DELETED_AFTER_KEEP_DAYS = (S, DagsterRunStatus.CANCELED)
 DELETED_AFTER_KEEP_FAILED_DAYS = (F,)
 FINISHED = (*DELETED_AFTER_KEEP_DAYS, *DELETED_AFTER_KEEP_FAILED_DAYS)
 HISTORY_PREFIX = "ci_cleanup_history"  # asset key prefix of the daily totals, one key per job
-ROWS_CHANGED_TAG = "ci_cleanup/rows_changed"  # every job's headline number (runs.ROWS_CHANGED_TAG)
 
 # The instance's key-value store (Dagster's daemon cursors table): what survives a kill.
 DELETING_KEY = "ci_cleanup/prune_dagster_history/deleting"  # JSON list of the run ids of the batch under way
