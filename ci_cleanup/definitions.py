@@ -8,6 +8,8 @@ from dagster import AssetSpec, Definitions, EnvVar, in_process_executor
 
 from .drop_canceling_builds.job import drop_canceling_builds, drop_canceling_builds_schedule
 from .environments_auto_stop.job import environments_auto_stop, environments_auto_stop_schedule
+from .prune_dagster_history.job import prune_dagster_history, prune_dagster_history_schedule
+from .prune_dagster_history.service import history_asset_key
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
 from .schedule_bulk_delete_job_artifacts.job import (
     delete_expired_artifact_files,
@@ -29,6 +31,21 @@ gitlab_tables = [
     AssetSpec(["gitlab", "ci_deleted_objects"], group_name="gitlab", description="Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
 ]
 
+jobs = [
+    drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs,
+    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files, prune_dagster_history,
+]
+# The instance's own history: prune_dagster_history's batches, and each job's daily totals, which outlive its runs.
+history = [
+    AssetSpec(
+        ["dagster", "runs"], group_name="history", description="Dagster's runs; prune_dagster_history deletes old ones"
+    ),
+    *(
+        AssetSpec(history_asset_key(j.name), group_name="history", description=f"Daily totals of {j.name}'s runs")
+        for j in jobs
+    ),
+]
+
 
 def resources() -> dict:
     """Resources from the environment; secrets stay in env vars and never enter run config."""
@@ -43,9 +60,13 @@ def resources() -> dict:
 
 
 defs = Definitions(
-    assets=gitlab_tables,
-    jobs=[drop_canceling_builds, stale_runner_machines_cleanup, environments_auto_stop, stuck_export_jobs, schedule_bulk_delete_job_artifacts, delete_expired_artifact_files],
-    schedules=[drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule, stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule, delete_expired_artifact_files_schedule],
+    assets=[*gitlab_tables, *history],
+    jobs=jobs,
+    schedules=[
+        drop_canceling_builds_schedule, stale_runner_machines_cleanup_schedule, environments_auto_stop_schedule,
+        stuck_export_jobs_schedule, schedule_bulk_delete_job_artifacts_schedule, delete_expired_artifact_files_schedule,
+        prune_dagster_history_schedule,
+    ],
     sensors=alert_sensors,
     resources=resources(),
     # Linear jobs run their ops in the run's own process: a process per op would import everything again

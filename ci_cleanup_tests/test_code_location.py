@@ -27,8 +27,10 @@ SCHEDULES = {
     "stuck_export_jobs_schedule": ("stuck_export_jobs", "30 * * * *"),
     "environments_auto_stop_schedule": ("environments_auto_stop", "24 * * * *"),
     "schedule_bulk_delete_job_artifacts_schedule": ("schedule_bulk_delete_job_artifacts", "*/7 * * * *"),
+    "prune_dagster_history_schedule": ("prune_dagster_history", "13 4 * * *"),
 }
 # Per job, a fingerprint of the rows it works on: a run over the demo dataset must change it.
+# prune_dagster_history works on the Dagster instance, not GitLab: test_prune_dagster_history runs it from the CLI.
 WORK = {
     "drop_canceling_builds": "SELECT md5(string_agg(status || id, ',' ORDER BY id)) FROM p_ci_builds",
     "stale_runner_machines_cleanup": "SELECT count(*) FROM ci_runner_machines",

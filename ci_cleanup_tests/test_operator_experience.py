@@ -10,6 +10,7 @@ from ci_cleanup.demo import seed
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema
+from ci_cleanup.prune_dagster_history.job import prune_dagster_history
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
@@ -19,7 +20,7 @@ from .runner import run_job
 
 JOBS = [
     drop_canceling_builds, stale_runner_machines_cleanup, stuck_export_jobs, environments_auto_stop,
-    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts, delete_expired_artifact_files, prune_dagster_history,
 ]
 
 
@@ -75,4 +76,5 @@ def test_run_time_limits_follow_the_seeds_lease_ttls_and_one_run_per_job_is_queu
     # The jobs without a lease are bounded too: a run whose worker died is failed at the latest then.
     assert limits["stale_runner_machines_cleanup"] == limits["stuck_export_jobs"] == str(30 * 60)
     assert limits["delete_expired_artifact_files"] == str(10 * 60)  # its cron: every 10 minutes
+    assert limits["prune_dagster_history"] == str(60 * 60)  # its lease
     assert {job.tags["ci_cleanup/job"] for job in JOBS} == {job.name for job in JOBS}
