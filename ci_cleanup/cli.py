@@ -351,7 +351,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=DEFAULT_DIR, help="where the embedded stack keeps its data")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    dev = sub.add_parser("dev", help="Dagster UI + daemon with the six schedules, on 127.0.0.1")
+    dev = sub.add_parser("dev", help="Dagster UI + daemon with the seven schedules, on 127.0.0.1")
     dev.add_argument("--port", type=int, default=3000, help="the UI's port (default 3000)")
     demo = sub.add_parser(
         "demo", help="on its own embedded stack: seed a small GitLab dataset, run every job once, print what changed",
