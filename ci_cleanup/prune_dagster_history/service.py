@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from dagster import AssetKey, AssetObservation, DagsterInstance, DagsterRunStatus, RunRecord, RunsFilter
 from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
-from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
 from sqlalchemy import func, select
 
 from ..runs import ROWS_CHANGED_TAG  # every job's headline number, summed per day
@@ -245,6 +244,10 @@ def count_events(instance: DagsterInstance, run_ids: list[str]) -> int:
     Reading the records to count them (the public API) deserializes every event: a third of the
     time of a batch. Dagster's sqlite storage keeps a file per run, so there they are read.
     """
+    # Imported here: the event log storage modules take a third of a second to import, which every
+    # run of every job (and the code server) would pay at start-up for this one function.
+    from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
+
     storage = instance.event_log_storage
     if isinstance(storage, SqlEventLogStorage) and not isinstance(storage, SqliteEventLogStorage):
         events = SqlEventLogStorageTable
