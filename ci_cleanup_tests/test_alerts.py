@@ -217,7 +217,7 @@ def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, 
     (root / "evil").symlink_to(tmp_path)
     (tmp_path / "victim").write_bytes(b"zip")
     refused = create(
-        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, pick_up_at=ago(hours=1)
+        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, project_id=1, pick_up_at=ago(hours=1)
     )
     instance = DagsterInstance.ephemeral()
     config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}

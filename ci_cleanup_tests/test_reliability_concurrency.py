@@ -133,11 +133,8 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
         watch.start()
     started = {}
     for name in group:
+        # Each job with its own executor, as operators run it (in process; the bulk delete's multiprocess workers).
         config = SCENARIOS[name].run_config(CONCURRENT_BATCH)
-        if name != "schedule_bulk_delete_job_artifacts":
-            # Steps in the run's process: the default multiprocess executor adds ~3 s of imports per step.
-            # The bulk-delete job keeps its own multiprocess executor (its bucket workers in parallel processes).
-            config = {"execution": {"config": {"in_process": {}}}, **config}
         started[name] = [start_cli(SCENARIOS[name], stack, tmp_path / f"{name}-{i}", config) for i in range(2)]
     results = {name: [run.result(SCENARIOS[name].report_op) for run in runs] for name, runs in started.items()}
     holders = {name: watch.stop() for name, watch in watches.items()}
