@@ -2,14 +2,15 @@
 
 One function per batch; :func:`seed` runs them all. Rows are inserted relative to ``now`` so a
 demo run always finds the same work, on GitLab's own schema: builds and artifacts spread over
-partitions 100, 101 and 102, and names, iids and job ids unique as GitLab's indexes require, so a
-second demo on the data of the first adds rows beside them.
+partitions 100, 101 and 102, and names, iids, job ids, machine and Sidekiq ids unique as GitLab's
+indexes require, so a second demo on the data of the first adds rows beside them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+import uuid
 
 import redis
 from sqlalchemy import func, insert, select
@@ -53,7 +54,7 @@ def seed_runner_machines(conn: Connection, queues: redis.Redis, schema: GitLabSc
         rows.append(dict(created_at=created, contacted_at=contacted))
     for values in rows:
         values.update(
-            runner_id=rng.randint(1, 12), system_xid=f"r_{rng.getrandbits(48):012x}", runner_type=rng.choice([1, 2, 3]),
+            runner_id=rng.randint(1, 12), system_xid=f"r_{uuid.uuid4().hex[:12]}", runner_type=rng.choice([1, 2, 3]),
             updated_at=values["contacted_at"] or values["created_at"],
         )
         # GitLab: instance runners (type 1) have no sharding key, group and project runners one.
@@ -107,7 +108,7 @@ def seed_export_jobs(conn: Connection, queues: redis.Redis, schema: GitLabSchema
         age = dt.timedelta(hours=rng.randint(1, 5)) if kind == "parallel_young" else dt.timedelta(hours=rng.randint(7, 72))
         status = {"finished": EXPORT_FINISHED, "failed": EXPORT_FAILED}.get(kind, rng.choice([EXPORT_QUEUED, EXPORT_STARTED]))
         rows.append(dict(
-            project_id=rng.randint(1, 20), status=status, jid=f"{rng.getrandbits(96):024x}", user_id=rng.randint(1, 5),
+            project_id=rng.randint(1, 20), status=status, jid=uuid.uuid4().hex[:24], user_id=rng.randint(1, 5),
             created_at=now - age, updated_at=now - age,
         ))
     t = schema.project_export_jobs

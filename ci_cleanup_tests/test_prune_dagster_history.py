@@ -1,6 +1,6 @@
 """prune_dagster_history on the PostgreSQL instance storage (dagster-postgres), the production set-up.
 
-Old runs are copies of one real run of stale_runner_machines_cleanup (its run row, tags and 30
+Old runs are copies of one real run of stale_runner_machines_cleanup (its run row, tags and EVENTS
 events, observations on gitlab/ci_runner_machines included), made in SQL by ``clone_runs`` with
 timestamps moved back: thousands in a second, where the instance API takes 70 ms a run.
 """
@@ -45,6 +45,8 @@ from .runner import op_metadata, run_job
 
 S, F, C = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED
 RUNS_ASSET = AssetKey(["dagster", "runs"])
+# The template run's events: run and step events, its 5 sub-batches in one observation, in one process.
+EVENTS = 25
 ORPHAN_EVENTS = "SELECT count(*) FROM event_logs WHERE run_id <> '' AND run_id NOT IN (SELECT run_id FROM runs)"
 
 
@@ -124,7 +126,7 @@ def test_old_finished_runs_go_with_their_event_logs_and_every_other_run_stays_wh
         *clone_runs(dagster_db, template, spread(50, 60, 40), DagsterRunStatus.CANCELING),
     ]
     before = events_by_run(dagster_db)
-    assert before[template] == 30 and len(before) == 3301
+    assert before[template] == EVENTS and len(before) == 3301
 
     result = prune(stack, instance, batch_size=250)
 
@@ -140,7 +142,7 @@ def test_old_finished_runs_go_with_their_event_logs_and_every_other_run_stays_wh
     with dagster_db.connect() as conn:
         assert conn.scalar(text(ORPHAN_EVENTS)) == 0
     report = op_metadata(result, "report_prune")
-    assert (report["runs_deleted"], report["events_deleted"]) == (2500, 2500 * 30)
+    assert (report["runs_deleted"], report["events_deleted"]) == (2500, 2500 * EVENTS)
     assert report["batch_counts"] == [250] * 8 + [200, 250, 50]  # success and canceled, then failed
     oldest_kept = min(r.update_timestamp for r in instance.get_run_records() if r.dagster_run.run_id in kept)
     assert report["oldest_kept"] == oldest_kept.isoformat()
@@ -148,7 +150,7 @@ def test_old_finished_runs_go_with_their_event_logs_and_every_other_run_stays_wh
     assert tags[ROWS_CHANGED_TAG] == "2500"
     batches = [r.asset_observation.metadata for r in instance.fetch_observations(RUNS_ASSET, limit=100).records]
     assert sorted((m["runs_deleted"].value, m["events_deleted"].value) for m in batches) == sorted(
-        (n, n * 30) for n in report["batch_counts"]
+        (n, n * EVENTS) for n in report["batch_counts"]
     )
 
 
@@ -317,10 +319,10 @@ def test_a_run_killed_mid_deletion_leaves_no_run_without_its_events_and_the_next
 
     left, events = run_ids(dagster_db), events_by_run(dagster_db)
     assert 0 < len(old & left) < 2000
-    assert all(events[run_id] == 30 for run_id in (old | kept) & left)  # every run left is whole
+    assert all(events[run_id] == EVENTS for run_id in (old | kept) & left)  # every run left is whole
     with dagster_db.connect() as conn:
         orphans = conn.scalar(text(ORPHAN_EVENTS))
-    assert orphans <= 10 * 30  # at most the batch under way, whose ids are recorded
+    assert orphans <= 10 * EVENTS  # at most the batch under way, whose ids are recorded
     pending = instance.daemon_cursor_storage.get_cursor_values({service.DELETING_KEY}).get(service.DELETING_KEY)
     # The killed run's lease would expire with its TTL (run monitoring fails the run); the test does not wait.
     redis_client.delete(PREFIX + LEASE_KEY)
@@ -332,7 +334,7 @@ def test_a_run_killed_mid_deletion_leaves_no_run_without_its_events_and_the_next
     assert not old & run_ids(dagster_db) and kept <= run_ids(dagster_db)
     with dagster_db.connect() as conn:
         assert conn.scalar(text(ORPHAN_EVENTS)) == 0
-    assert all(events_by_run(dagster_db)[run_id] == 30 for run_id in kept)
+    assert all(events_by_run(dagster_db)[run_id] == EVENTS for run_id in kept)
 
 
 def test_a_batch_left_half_deleted_is_deleted_again_first(stack, redis_client, instance, dagster_db, template):
@@ -344,7 +346,7 @@ def test_a_batch_left_half_deleted_is_deleted_again_first(stack, redis_client, i
     for run_id in batch[:5]:
         instance.run_storage.delete_run(run_id)
     with dagster_db.connect() as conn:
-        assert conn.scalar(text(ORPHAN_EVENTS)) == 5 * 30
+        assert conn.scalar(text(ORPHAN_EVENTS)) == 5 * EVENTS
 
     result = prune(stack, instance)
 
