@@ -113,8 +113,9 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
                 WHERE id > :before AND id % 10 = 0
             """), {"before": before["project_export_jobs"]})
             conn.execute(text("""
-                UPDATE project_export_jobs SET created_at = now() - interval '1 hour'
-                WHERE id > :before AND id % 20 = 0
+                UPDATE project_export_jobs
+                SET created_at = now() - CASE WHEN id % 20 = 0 THEN interval '1 hour' ELSE interval '7 hours' END
+                WHERE id > :before AND id % 10 = 0
             """), {"before": before["project_export_jobs"]})
             # A seventh still have their Sidekiq job (status key present): running, left.
             running = conn.execute(text("SELECT jid FROM project_export_jobs WHERE id > :before AND id % 7 = 0"),
