@@ -73,7 +73,8 @@ def test_drop_floor_fails_every_candidate_and_empties_their_queues(bench_db, red
     url, engine = bench_db
     _, before = _floor_then_service(url, engine, redis_client, "drop_canceling_builds")
     b = before["p_ci_builds"]
-    assert _rows(engine, "SELECT status, failure_reason, count(*) FROM p_ci_builds WHERE id > :b GROUP BY 1, 2", b=b) == [
+    dropped = "SELECT status, failure_reason, count(*) FROM p_ci_builds WHERE id > :b GROUP BY 1, 2"
+    assert _rows(engine, dropped, b=b) == [
         ("failed", 3, CANDIDATES)
     ]
     assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
@@ -87,8 +88,8 @@ def test_exports_floor_spares_running_jobs_and_parallel_exports_in_their_grace(b
     b = before["project_export_jobs"]
     # Left enqueued: exactly the ones whose Sidekiq job still runs (a seventh) or parallel exports in their grace.
     left = _rows(engine, "SELECT id, jid FROM project_export_jobs WHERE id > :b AND status IN (0, 1) ORDER BY id", b=b)
-    expected_left = _rows(engine, "SELECT id, jid FROM project_export_jobs WHERE id > :b AND (id % 7 = 0 OR id % 20 = 0) "
-                                  "ORDER BY id", b=b)
+    expected_left = _rows(engine, "SELECT id, jid FROM project_export_jobs "
+                                  "WHERE id > :b AND (id % 7 = 0 OR id % 20 = 0) ORDER BY id", b=b)
     assert left == expected_left
     assert all(redis_client.exists(sidekiq_status.status_key(jid)) == (i % 7 == 0) for i, jid in left)
     assert _rows(engine, "SELECT count(*) FROM project_export_jobs WHERE id > :b AND status = 3", b=b) == [
@@ -103,15 +104,19 @@ def test_environments_floor_plays_stop_actions_and_queues_them_with_their_partit
                             "FROM p_ci_builds b LEFT JOIN ci_pending_builds p ON p.build_id = b.id WHERE b.id > :b",
                     b=before["p_ci_builds"])
     assert actions and set(actions) == {("pending", True, True)}
-    states = dict(_rows(engine, "SELECT state, count(*) FROM environments WHERE id > :b GROUP BY 1", b=before["environments"]))
-    assert states["stopping"] > 0 and states["stopped"] > 0 and sum(states.values()) == states["stopping"] + states["stopped"]
-    assert _rows(engine, "SELECT count(*) FROM environments WHERE state = 'stopped' AND auto_stop_at IS NOT NULL") == [(0,)]
+    states = dict(_rows(engine, "SELECT state, count(*) FROM environments WHERE id > :b GROUP BY 1",
+                        b=before["environments"]))
+    assert states["stopping"] > 0 and states["stopped"] > 0
+    assert sum(states.values()) == states["stopping"] + states["stopped"] == CANDIDATES
+    stopped_with_a_time = "SELECT count(*) FROM environments WHERE state = 'stopped' AND auto_stop_at IS NOT NULL"
+    assert _rows(engine, stopped_with_a_time) == [(0,)]
 
 
 def test_artifacts_floor_records_every_deleted_file(bench_db, redis_client):
     url, engine = bench_db
     _, before = _floor_then_service(url, engine, redis_client, "schedule_bulk_delete_job_artifacts")
-    assert _rows(engine, "SELECT count(*) FROM p_ci_job_artifacts WHERE id > :b", b=before["p_ci_job_artifacts"]) == [(0,)]
+    left = _rows(engine, "SELECT count(*) FROM p_ci_job_artifacts WHERE id > :b", b=before["p_ci_job_artifacts"])
+    assert left == [(0,)]
     # Every candidate has a file: half with a final path (its directory), half GitLab's hashed path (6 parts).
     paths = _rows(engine, "SELECT store_dir LIKE '@final/%', cardinality(string_to_array(store_dir, '/')), count(*) "
                           "FROM ci_deleted_objects GROUP BY 1, 2 ORDER BY 1, 2")
@@ -139,7 +144,8 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
            "CI_CLEANUP_DAGSTER_PG_URL": stack.url("dagster"), "DAGSTER_HOME": str(tmp_path)}
     for name in ("CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME"):
         monkeypatch.setenv(name, env[name])
-    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path, log=lambda m: None)
+    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path,
+                                 log=lambda message: None)
     assert figures.rows == 50 and figures.batches == 1
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
     assert figures.idle_s > 0

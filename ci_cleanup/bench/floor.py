@@ -21,7 +21,9 @@ from ..drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH, TIMEOUT
 from ..environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
 from ..gitlab import artifact_buckets, sidekiq_status
 from ..gitlab.schema import naive_utc, utc_now
-from ..schedule_bulk_delete_job_artifacts.service import BATCH_SIZE as ARTIFACTS_BATCH, PICK_UP_AT_EARLIEST, PICK_UP_AT_LATEST
+from ..schedule_bulk_delete_job_artifacts.service import (
+    BATCH_SIZE as ARTIFACTS_BATCH, PICK_UP_AT_EARLIEST, PICK_UP_AT_LATEST,
+)
 from ..stale_runner_machines_cleanup.service import SUB_BATCH_LIMIT, stale_deadline
 from ..stuck_export_jobs.service import CHUNK_SIZE, EXPORT_JOBS_EXPIRATION
 
@@ -110,7 +112,8 @@ WITH failed AS (
   UPDATE project_export_jobs j SET status = 3, updated_at = $6
   FROM unnest($3, $4) AS checked(id, jid)
   WHERE j.id = checked.id AND j.jid = checked.jid AND j.status IN (0, 1)
-    AND NOT (j.created_at > $5 AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id))
+    AND NOT (j.created_at > $5
+             AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id))
   RETURNING 1),
 page AS (SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > $1 ORDER BY id LIMIT $2)
 SELECT (SELECT count(*) FROM failed), array_agg(id ORDER BY id), array_agg(jid ORDER BY id) FROM page"""
@@ -168,7 +171,8 @@ stopped AS (
     AND state = 'available' AND auto_stop_at < $1 AND auto_stop_setting = 0
   RETURNING id),
 played AS (
-  UPDATE p_ci_builds SET status = 'pending', queued_at = $2, updated_at = $2, lock_version = coalesce(lock_version, 0) + 1
+  UPDATE p_ci_builds SET status = 'pending', queued_at = $2, updated_at = $2,
+         lock_version = coalesce(lock_version, 0) + 1
   WHERE id = ANY(ARRAY(SELECT id FROM actions WHERE environment_id IN (SELECT id FROM stopping))) AND status = 'manual'
   RETURNING id, project_id, partition_id),
 queued AS (

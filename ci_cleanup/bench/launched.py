@@ -108,7 +108,8 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
         elif job == "stuck_export_jobs":
             # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
             conn.execute(text("""
-                INSERT INTO project_relation_exports (project_export_job_id, project_id, relation, created_at, updated_at)
+                INSERT INTO project_relation_exports
+                       (project_export_job_id, project_id, relation, created_at, updated_at)
                 SELECT id, project_id, 'issues', created_at, created_at FROM project_export_jobs
                 WHERE id > :before AND id % 10 = 0
             """), {"before": before["project_export_jobs"]})
@@ -164,7 +165,8 @@ def reset(cur, job: str, before: dict[str, int]) -> None:
         cur.execute(sql.SQL("DELETE FROM {} WHERE id > %s").format(sql.Identifier(table)), (before[table],))
     cur.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, SIDE_TABLES))))
     for table in (*SCOPED[job], *SIDE_TABLES):
-        cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), sql.Identifier(TEMPLATE, table)))
+        copy = sql.Identifier(TEMPLATE, table)
+        cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
     cur.execute(sql.SQL("ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))))
 
@@ -195,8 +197,9 @@ def digest(cur, job: str, before: dict[str, int], recent: dt.datetime) -> dict[s
             parts.append(sql.SQL("coalesce({}, 'NULL')").format(value))
         where = sql.SQL("id > %(before)s") if table in before else sql.SQL("true")
         row = sql.SQL(" || '|' || ").join(parts)
-        cur.execute(sql.SQL("""SELECT (SELECT count(*) FROM {t}), count(*), md5(coalesce(string_agg(r, E'\\n' ORDER BY r), ''))
-                               FROM (SELECT {row} AS r FROM {t} WHERE {where}) s""").format(
+        cur.execute(sql.SQL("""
+            SELECT (SELECT count(*) FROM {t}), count(*), md5(coalesce(string_agg(r, E'\\n' ORDER BY r), ''))
+            FROM (SELECT {row} AS r FROM {t} WHERE {where}) s""").format(
             t=sql.Identifier(table), row=row, where=where), {"recent": recent, "before": before.get(table, 0)})
         found[table] = cur.fetchone()
     return found
@@ -221,12 +224,13 @@ def launch(env: dict[str, str], job: str, log_dir: Path) -> tuple[float, float, 
     output = log_dir / f"{job}.log"
     launched = time.time()
     with output.open("w") as out:
-        code = subprocess.run(command, env={**os.environ, **env}, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, env={**os.environ, **env}, cwd=REPO_ROOT, stdout=out,
+                              stderr=subprocess.STDOUT).returncode
     exited = time.time()
     records = _instance().get_run_records(RunsFilter(job_name=job), limit=1)
-    if code or not records or records[0].dagster_run.status != DagsterRunStatus.SUCCESS or records[0].end_time < launched:
+    record = records[0] if records else None
+    if code or record is None or record.dagster_run.status != DagsterRunStatus.SUCCESS or record.end_time < launched:
         raise RuntimeError(f"{job} did not succeed (exit {code}); its output: {output}\n{output.read_text()[-3000:]}")
-    record = records[0]
     rows = int(record.dagster_run.tags.get("ci_cleanup/rows_changed", -1))
     return record.end_time - launched, record.end_time - record.start_time, exited - launched, rows
 
@@ -261,7 +265,8 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                 if expected is None:
                     expected, figures.rows = state, rows
                 if state != expected:
-                    raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than the first run:"
+                    raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than "
+                                         "the first run:"
                                          f"\n{state}\n!=\n{expected}")
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
         figures.idle_s = launch(env, job, log_dir)[2]  # the rounds left nothing to do
@@ -310,7 +315,8 @@ def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
         instance, started = _instance(), dt.datetime.now(dt.timezone.utc)
         deadline = time.monotonic() + 240  # the next minute boundary, the queue, the run
         while True:
-            records = [r for r in instance.get_run_records(RunsFilter(tags={"dagster/schedule_name": SCHEDULE}), limit=1)
+            scheduled = RunsFilter(tags={"dagster/schedule_name": SCHEDULE})
+            records = [r for r in instance.get_run_records(scheduled, limit=1)
                        if _timestamp(r.create_timestamp) >= started.timestamp()]
             if records and records[0].dagster_run.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
                 break

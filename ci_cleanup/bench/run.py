@@ -33,6 +33,7 @@ from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
 from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
+LABEL = {"job": "service", "raw": "raw SQL", "per_row": "per-row"}  # part 1 times the services, not the jobs
 SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth of these (GitLab.com's mix)
 
 
@@ -109,7 +110,7 @@ def bench(
             add_candidates(engine, job, work)
             rows, seconds, batches = timed(engine, client, getattr(job, how))
             figures[job.name].batch_ms[size] = statistics.median(batches) * 1000
-            log(f"  {job.name} {how}: {rows:,} rows in {seconds:.2f} s")
+            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
     for job in selected:  # memory at 1 k candidates, on the small tables
         add_candidates(engine, job, 1000)
         peak_memory(figures[job.name], "small", url, redis_url)
@@ -128,7 +129,7 @@ def bench(
             rows, seconds, batches = timed(engine, client, getattr(job, how))
             speeds[how].append(rows / seconds)
             batches_of[how] += batches
-            log(f"  {job.name} {how}: {rows:,} rows in {seconds:.2f} s")
+            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
         f.rows_per_s = {how: statistics.median(values) for how, values in speeds.items()}
         f.batch_ms["big"], f.batch_ms["raw_big"] = (statistics.median(batches_of[how]) * 1000 for how in ("job", "raw"))
         add_candidates(engine, job, memory_candidates)
@@ -144,9 +145,11 @@ def bench(
 
 def table(figures: list[Figures], small_rows: int, big_rows: int, memory_candidates: int) -> str:
     head = (
-        "| job | rows/s service | rows/s raw SQL | rows/s per-row | service vs raw (≤1.5) | service vs per-row (≥10) "
+        "| job | rows/s service | rows/s raw SQL | rows/s per-row | service vs raw (≤1.5) "
+        "| service vs per-row (≥10) "
         f"| batch ms @{small_rows:,} | batch ms @{big_rows:,} | ratio (≤1.5) | raw SQL's ratio "
-        f"| RSS MiB @1k | RSS MiB @{memory_candidates:,} | ratio (≤1.2) | heap KiB @1k | heap KiB @{memory_candidates:,} "
+        f"| RSS MiB @1k | RSS MiB @{memory_candidates:,} | ratio (≤1.2) "
+        f"| heap KiB @1k | heap KiB @{memory_candidates:,} "
         "| ratio |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -175,7 +178,8 @@ def launched_table(results: list[launched.Launched]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in results:
         lines.append(
-            f"| {f.job} | {f.candidates:,} | {f.batches:,} | {_spread(f.seconds['job'])} | {f.median('run_record'):.2f} "
+            f"| {f.job} | {f.candidates:,} | {f.batches:,} | {_spread(f.seconds['job'])} "
+            f"| {f.median('run_record'):.2f} "
             f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
             f"| {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
             f"| {f.dagster_ms_per_batch_after_startup:.2f} | {f.idle_s:.2f} |"
@@ -195,9 +199,10 @@ def _load(values: tuple[float, float, float]) -> str:
 def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, load: dict, daemon_s: float | None,
                    vs_floor_max: float, cli_idle_s: float) -> None:
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
+    now = dt.datetime.now(dt.timezone.utc)
     path.write_text(f"""# Benchmarks
 
-Written by `ci-cleanup bench{' --small' if args.small else ''}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.
+Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
 - Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
 - Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
