@@ -200,13 +200,15 @@ def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, l
                    vs_floor_max: float, cli_idle_s: float) -> None:
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
     now = dt.datetime.now(dt.timezone.utc)
+    small = ("\n- A `--small` run (development sizes, not the headline's 100 k candidates in 10 M rows): the jobs' times are"
+             "\n  mostly start-up, so the ratios to the floor say little about the targets.") if args.small else ""
     path.write_text(f"""# Benchmarks
 
 Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
 - Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
 - Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
-  2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.
+  2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
   artifacts over partitions 100, 101, 102); runner machines, export jobs and environments a tenth of that
   (GitLab.com's mix, `ci_cleanup/bench/seed.py`), on GitLab's real DDL and its indexes only.
