@@ -369,13 +369,18 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument(
         "--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)",
     )
-    bench = sub.add_parser("bench", help="benchmark every job against raw SQL and a per-row loop; writes BENCHMARKS.md")
+    bench = sub.add_parser("bench", help="benchmark every job as launched against its floor, and the services; "
+                                         "writes BENCHMARKS.md")
     bench.add_argument("--into", metavar="DATABASE", help=into_help)
+    bench.add_argument("--small", action="store_true", help="a development run of a few minutes (small sizes)")
     bench.add_argument("--small-rows", type=int, default=100_000, help="ci_builds/ci_job_artifacts rows, first size")
     bench.add_argument("--big-rows", type=int, default=10_000_000, help="second size (GitLab.com's)")
-    bench.add_argument("--work", type=int, default=20_000, help="candidates per job per measurement")
+    bench.add_argument("--candidates", type=int, default=100_000, help="candidates per job, launched job vs floor")
+    bench.add_argument("--rounds", type=int, default=5, help="launched job / floor / service rounds (min 5)")
+    bench.add_argument("--no-daemon", action="store_true", help="skip the scheduled run through dagster-daemon")
+    bench.add_argument("--work", type=int, default=20_000, help="candidates per service per measurement")
     bench.add_argument("--memory-candidates", type=int, default=1_000_000, help="candidates of the big memory run")
-    bench.add_argument("--repeats", type=int, default=3, help="job and raw SQL runs on the big tables (median kept)")
+    bench.add_argument("--repeats", type=int, default=3, help="service and raw SQL runs on the big tables (median)")
     bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
     bench.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md"), help="'' to skip")
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")

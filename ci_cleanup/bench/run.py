@@ -1,12 +1,15 @@
-"""``ci-cleanup bench``: every job against its raw-SQL floor and a per-row loop, at two table sizes.
+"""``ci-cleanup bench``: every job as the daemon runs it against its true floor, and each job's service at two
+table sizes.
 
 One run, one database: background rows at ``small_rows`` (ci_builds / ci_job_artifacts; the other
-tables a tenth), then grown to ``big_rows``. At each size every job gets ``work`` fresh candidates;
-per-batch latency is the median time between the job's batch callbacks. Throughput is measured at
-the big size for the job, the raw SQL loop (same batch size) and the per-row loop (on
-``work // 10`` candidates: it is the slow one). Peak memory is the Python heap (tracemalloc) of a
-subprocess running the job at 1 k and at ``memory_candidates`` candidates. Finally each Dagster
-job runs in process with nothing to do.
+tables a tenth), then grown to ``big_rows``. Part 1, the services (no Dagster): at each size every job
+gets ``work`` fresh candidates; per-batch latency is the median time between the service's batch
+callbacks. Throughput is measured at the big size for the service, a SQLAlchemy raw SQL loop (same batch
+size) and the per-row loop (on ``work // 10`` candidates: it is the slow one). Peak memory is the Python
+heap (tracemalloc) and RSS of a subprocess running the service at 1 k and at ``memory_candidates``
+candidates. Part 2 (:mod:`ci_cleanup.bench.launched`), on the big tables: every Dagster job launched as
+operators run it against its psycopg2 floor, in alternating rounds from one reset state; then each job
+launched with nothing to do, and a scheduled run through dagster-daemon with nothing to do.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
 from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
-from . import seed
+from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
+LABEL = {"job": "service", "raw": "raw SQL", "per_row": "per-row"}  # part 1 times the services, not the jobs
 SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth of these (GitLab.com's mix)
 
 
@@ -40,7 +44,6 @@ class Figures:
     batch_ms: dict[str, float] = field(default_factory=dict)  # small, big: the job's; raw_small, raw_big: the raw SQL loop's
     peak_kib: dict[str, float] = field(default_factory=dict)  # small, big: Python heap (tracemalloc)
     rss_mib: dict[str, float] = field(default_factory=dict)  # small, big: the process's peak resident memory
-    idle_s: float = 0.0
 
     @property
     def vs_raw(self) -> float:
@@ -89,32 +92,6 @@ def peak_memory(figures: Figures, size: str, url: str, redis_url: str) -> None:
     figures.peak_kib[size], figures.rss_mib[size] = peak["peak_kib"], peak["maxrss_kib"] / 1024
 
 
-def idle_run_seconds(env: dict[str, str]) -> dict[str, float]:
-    """Each Dagster job in process, on the big tables with nothing to do."""
-    from dagster import DagsterInstance
-
-    from ..definitions import defs
-    from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-
-    resources = {
-        "gitlab_db": GitLabDatabase(url=env["CI_CLEANUP_DATABASE_URL"]),
-        "gitlab_redis": GitLabRedis(url=env["CI_CLEANUP_REDIS_URL"]),
-        "run_options": RunOptions(),
-    }
-    seconds = {}
-    with DagsterInstance.ephemeral() as instance:
-        for job in JOBS:
-            definition = defs.resolve_job_def(job.name)
-            started = time.perf_counter()
-            result = definition.execute_in_process(
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                resources=resources, instance=instance, raise_on_error=False,
-            )
-            seconds[job.name] = time.perf_counter() - started
-            assert result.success, f"{job.name} failed with nothing to do"
-    return seconds
-
-
 def bench(
     env: dict[str, str], *, small_rows: int, big_rows: int, work: int, memory_candidates: int, jobs: list[str], repeats: int = 3, log=print
 ) -> list[Figures]:
@@ -133,7 +110,7 @@ def bench(
             add_candidates(engine, job, work)
             rows, seconds, batches = timed(engine, client, getattr(job, how))
             figures[job.name].batch_ms[size] = statistics.median(batches) * 1000
-            log(f"  {job.name} {how}: {rows:,} rows in {seconds:.2f} s")
+            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
     for job in selected:  # memory at 1 k candidates, on the small tables
         add_candidates(engine, job, 1000)
         peak_memory(figures[job.name], "small", url, redis_url)
@@ -152,7 +129,7 @@ def bench(
             rows, seconds, batches = timed(engine, client, getattr(job, how))
             speeds[how].append(rows / seconds)
             batches_of[how] += batches
-            log(f"  {job.name} {how}: {rows:,} rows in {seconds:.2f} s")
+            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
         f.rows_per_s = {how: statistics.median(values) for how, values in speeds.items()}
         f.batch_ms["big"], f.batch_ms["raw_big"] = (statistics.median(batches_of[how]) * 1000 for how in ("job", "raw"))
         add_candidates(engine, job, memory_candidates)
@@ -160,23 +137,20 @@ def bench(
         log(f"  {job.name} memory at {memory_candidates:,} candidates: heap {f.peak_kib['big']:.0f} KiB, RSS {f.rss_mib['big']:.1f} MiB")
 
     # The memory runs changed a million rows of each table minutes ago: ANALYZE, as autovacuum would
-    # after such a change. With statistics still saying a tenth of ci_builds is canceling, PostgreSQL
-    # counts the (now none) candidates by a sequential scan of the whole table.
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("ANALYZE " + ", ".join(sorted({seed.PARENT.get(job.table, job.table) for job in selected}))))
-    for name, seconds in idle_run_seconds(env).items():
-        if name in figures:
-            figures[name].idle_s = seconds
+    # after such a change, before the launched jobs' part runs on the same tables.
+    seed.analyze(engine)
     engine.dispose()
     return list(figures.values())
 
 
 def table(figures: list[Figures], small_rows: int, big_rows: int, memory_candidates: int) -> str:
     head = (
-        "| job | rows/s job | rows/s raw SQL | rows/s per-row | job vs raw (≤1.5) | job vs per-row (≥10) "
+        "| job | rows/s service | rows/s raw SQL | rows/s per-row | service vs raw (≤1.5) "
+        "| service vs per-row (≥10) "
         f"| batch ms @{small_rows:,} | batch ms @{big_rows:,} | ratio (≤1.5) | raw SQL's ratio "
-        f"| RSS MiB @1k | RSS MiB @{memory_candidates:,} | ratio (≤1.2) | heap KiB @1k | heap KiB @{memory_candidates:,} | ratio "
-        "| idle run s (<2) |"
+        f"| RSS MiB @1k | RSS MiB @{memory_candidates:,} | ratio (≤1.2) "
+        f"| heap KiB @1k | heap KiB @{memory_candidates:,} "
+        "| ratio |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in figures:
@@ -186,7 +160,29 @@ def table(figures: list[Figures], small_rows: int, big_rows: int, memory_candida
             f"| {f.batch_ms['big'] / f.batch_ms['small']:.2f} | {f.batch_ms['raw_big'] / f.batch_ms['raw_small']:.2f} "
             f"| {f.rss_mib['small']:.1f} | {f.rss_mib['big']:.1f} "
             f"| {f.rss_mib['big'] / f.rss_mib['small']:.2f} | {f.peak_kib['small']:,.0f} | {f.peak_kib['big']:,.0f} "
-            f"| {f.peak_kib['big'] / f.peak_kib['small']:.2f} | {f.idle_s:.2f} |"
+            f"| {f.peak_kib['big'] / f.peak_kib['small']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def launched_table(results: list[launched.Launched]) -> str:
+    head = (
+        "| job | candidates | batches | job s: launch → RUN_SUCCESS, min / median / max | run record start → end s "
+        "| floor s, min / median / max | service s (no Dagster) | job vs floor (≤1.3) | floor rows/s "
+        "| Dagster ms/batch (job − service) | same, idle run subtracted | idle `dagster job execute` s (≤3) |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for f in results:
+        lines.append(
+            f"| {f.job} | {f.candidates:,} | {f.batches:,} | {_spread(f.seconds['job'])} "
+            f"| {f.median('run_record'):.2f} "
+            f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
+            f"| {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
+            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {f.idle_s:.2f} |"
         )
     return "\n".join(lines)
 
@@ -196,48 +192,96 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
-def write_markdown(
-    path: Path, body: str, *, small_rows: int, big_rows: int, work: int, memory_candidates: int, repeats: int, ratio: float, server: str
-) -> None:
+def _load(values: tuple[float, float, float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, load: dict, daemon_s: float | None,
+                   vs_floor_max: float, cli_idle_s: float) -> None:
+    daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
+    now = dt.datetime.now(dt.timezone.utc)
+    headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
+    small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so the"
+             "\n  ratios to the floor say little about the targets.") if not headline else ""
     path.write_text(f"""# Benchmarks
 
-Written by `ci-cleanup bench` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.
+Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
 - Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
-- Table sizes: `ci_builds` and `ci_job_artifacts` at {small_rows:,} then {big_rows:,} rows; runner machines,
-  export jobs and environments a tenth of that (GitLab.com's mix, `ci_cleanup/bench/seed.py`).
-- Work: {work:,} candidates per job and per way of doing it ({max(1000, work // 10):,} for the per-row loop); on the big
-  tables the job and the raw SQL loop alternate {repeats} times, each figure the median;
-  peak memory at 1,000 and {memory_candidates:,} candidates, of a subprocess running the job's service: its peak
-  resident set (what the operator's machine sees; the process has Dagster, SQLAlchemy and the drivers loaded) and
-  the peak of the Python heap traced by tracemalloc (no collection forced between batches).
-- "raw SQL": a hand-written loop of one set-based statement per batch of the same size; "per-row": read
-  each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!` style).
-- "batch ms": the median time of a batch on the small and the big tables; "raw SQL's ratio" is the same
-  ratio for the raw SQL loop, which shows how much of the growth is PostgreSQL's own work (index probes and
-  index updates on larger, less cached indexes).
-- "idle run": the Dagster job executed in process on the big tables with nothing to do, once they are analyzed.
+- Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
+  2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
+- Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
+  artifacts over partitions 100, 101, 102); runner machines, export jobs and environments a tenth of that
+  (GitLab.com's mix, `ci_cleanup/bench/seed.py`), on GitLab's real DDL and its indexes only.
 
-{body}
+## The jobs as the daemon runs them, against their floor
 
-ratio_vs_raw_sql={ratio:.2f}
+{args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds; in each round the
+job, its floor and its service each start from the same reset state (the candidates restored from a template with
+triggers off), in an order that alternates between rounds; every run must leave the tables exactly as the first
+one did (digest of the changed tables, asserted).
+
+- "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
+  storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
+  run's own start → end.
+- "floor": plain psycopg2, each statement PREPAREd once, one database round trip per batch (stuck_export_jobs: one
+  more to Redis per chunk), the job's guards and side rows (`ci_cleanup/bench/floor.py`).
+- "service": the job's service function in process, without Dagster. "Dagster ms/batch": (job − service) / batches
+  (medians); "idle run subtracted" takes the job's idle run off first.
+- "idle": the same `dagster job execute` with nothing to do, whole process.
+- A scheduled run through dagster-daemon with nothing to do, from the run its tick created to RUN_SUCCESS:
+  {daemon} (target ≤ 6 s).
+
+{jobs}
+
+## The services: throughput, batch latency, memory
+
+{args.work:,} candidates per service and per way of doing it ({max(1000, args.work // 10):,} for the per-row loop);
+on the big tables the service and the raw SQL loop alternate {args.repeats} times, each figure the median; peak
+memory at 1,000 and {args.memory_candidates:,} candidates, of a subprocess running the service: its peak resident set
+and the peak of the Python heap traced by tracemalloc (no collection forced between batches).
+
+- "raw SQL": a SQLAlchemy loop of one set-based statement per batch of the same size (not the floor above);
+  "per-row": read each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!`).
+- "batch ms": the median time of a batch on the small and the big tables; "raw SQL's ratio" is the same ratio
+  for the raw SQL loop, which shows how much of the growth is PostgreSQL's own work.
+
+{services}
+
+job_vs_floor_max={vs_floor_max:.2f}
+cli_idle_s={cli_idle_s:.2f}
 """)
 
 
+SMALL = dict(small_rows=10_000, big_rows=200_000, work=2_000, memory_candidates=10_000, candidates=5_000, repeats=1)
+
+
 def main(env: dict[str, str], args) -> None:
+    if args.small:  # a development run of a few minutes; the figures are not the headline's
+        for name, value in SMALL.items():
+            setattr(args, name, value)
     jobs = args.jobs.split(",") if args.jobs else [job.name for job in JOBS]
+    load = {"before": os.getloadavg()}
     figures = bench(env, small_rows=args.small_rows, big_rows=args.big_rows, work=args.work,
                     memory_candidates=args.memory_candidates, jobs=jobs, repeats=args.repeats)
-    body = table(figures, args.small_rows, args.big_rows, args.memory_candidates)
-    ratio = statistics.median(f.vs_raw for f in figures)
+    services = table(figures, args.small_rows, args.big_rows, args.memory_candidates)
     print()
-    print(body)
+    print(services)
+    results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs)
+    daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
+    load["after"] = os.getloadavg()
+    jobs_table = launched_table(results)
+    vs_floor_max = max(f.vs_floor for f in results)
+    cli_idle_s = max(f.idle_s for f in results)
+    print()
+    print(jobs_table)
     engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
     with engine.connect() as conn:
         server = conn.scalar(text("SHOW server_version"))
     engine.dispose()
     if args.output:
-        write_markdown(Path(args.output), body, small_rows=args.small_rows, big_rows=args.big_rows, work=args.work,
-                       memory_candidates=args.memory_candidates, repeats=args.repeats, ratio=ratio, server=server)
+        write_markdown(Path(args.output), services, jobs_table, args=args, server=server, load=load, daemon_s=daemon_s,
+                       vs_floor_max=vs_floor_max, cli_idle_s=cli_idle_s)
         print(f"\nWritten to {args.output}")
-    print(f"ratio_vs_raw_sql={ratio:.2f}")
+    print(f"job_vs_floor_max={vs_floor_max:.2f}")
+    print(f"cli_idle_s={cli_idle_s:.2f}")

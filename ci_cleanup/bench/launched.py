@@ -1,0 +1,335 @@
+"""Every job as operators and the daemon run it, against its true floor (:mod:`ci_cleanup.bench.floor`).
+
+For each job: ``candidates`` fresh candidates are added to the big tables (with the cases its guards
+decide: queued builds, relation exports in their grace, running Sidekiq jobs, environments with stop
+actions), and the rows the job may change are copied to templates (schema ``bench_template``). Each
+round then runs three contenders, each from the same reset state (the candidates restored from the
+templates with triggers off, ``session_replication_role = replica``, so ids and side tables are exactly
+as before), in an order that alternates from round to round:
+
+- ``job``: ``dagster job execute -m ci_cleanup -j JOB`` in a subprocess, on the repo's ``dagster.yaml``
+  (PostgreSQL storage, the job's own executor), timed from launch to the run's ``RUN_SUCCESS``
+  (start-up included); the run record's own start -> end beside it;
+- ``floor``: the raw psycopg2 loop;
+- ``service``: the job's service function in this process (no Dagster), labelled as such.
+
+After each run the changed tables are digested (timestamps the run sets are compared as "recent", and
+ids the database assigns to inserted side rows are left out); every run of every round must leave the
+digests the first floor run left, or the benchmark stops.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from psycopg2 import sql
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+
+from ..devstack import REPO_ROOT
+from ..gitlab import sidekiq_status
+from . import seed
+from .floor import ENVS_MAX_LOOPS, FLOORS, STALE_MAX_DELETIONS, connect
+from .jobs import BY_NAME, _enable_bulk_delete
+
+BIN = Path(sys.executable).parent
+TEMPLATE = "bench_template"
+# Small tables written by some job (inserted or deleted rows): restored whole, digested without their ids.
+SIDE_TABLES = ("ci_pending_builds", "ci_running_builds", "ci_deleted_objects", "loose_foreign_keys_deleted_records")
+# The tables whose candidate rows (id > the id before the candidates were added) a job may change.
+SCOPED = {
+    "drop_canceling_builds": ("p_ci_builds",),
+    "stale_runner_machines_cleanup": ("ci_runner_machines", "ci_runner_machines_archived"),
+    "stuck_export_jobs": ("project_export_jobs",),
+    "environments_auto_stop": ("environments", "p_ci_builds"),
+    "schedule_bulk_delete_job_artifacts": ("p_ci_job_artifacts",),
+}
+# What the jobs are launched with beyond their defaults: limits high enough for the benchmark's candidates.
+RUN_CONFIG = {
+    "stale_runner_machines_cleanup": (
+        "ops: {find_stale_runner_machines: {config: {max_deletions: %d}}}\n" % STALE_MAX_DELETIONS
+    ),
+    "environments_auto_stop": "ops: {find_auto_stoppable_environments: {config: {max_loops: %d}}}\n" % ENVS_MAX_LOOPS,
+}
+CONTENDERS = ("job", "floor", "service")
+
+
+@dataclass
+class Launched:
+    job: str
+    candidates: int
+    rows: int = 0
+    batches: int = 0
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "run_record")})
+    idle_s: float = 0.0  # `dagster job execute` with nothing to do, whole process
+
+    def median(self, contender: str) -> float:
+        return statistics.median(self.seconds[contender])
+
+    @property
+    def vs_floor(self) -> float:
+        return self.median("job") / self.median("floor")
+
+    @property
+    def dagster_ms_per_batch(self) -> float:
+        """Job minus service, spread over the batches (start-up included)."""
+        return (self.median("job") - self.median("service")) * 1000 / max(1, self.batches)
+
+    @property
+    def dagster_ms_per_batch_after_startup(self) -> float:
+        """The same without the idle run's cost (process start, imports, run start and end)."""
+        return (self.median("job") - self.idle_s - self.median("service")) * 1000 / max(1, self.batches)
+
+
+def _max_id(conn, table: str) -> int:
+    return conn.execute(text("SELECT coalesce(max(id), 0) FROM " + table)).scalar()  # table: a SCOPED constant
+
+
+def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dict[str, int]:
+    """``n`` candidates of the job, with the cases its guards decide; returns the id before them per scoped table."""
+    with engine.connect() as conn:
+        before = {table: _max_id(conn, table) for table in SCOPED[job]}
+    seed.insert(engine, BY_NAME[job].table, n, every=1)
+    with engine.begin() as conn:
+        if job == "drop_canceling_builds":  # every other dropped build also leaves the pending queue
+            conn.execute(text("""
+                INSERT INTO ci_pending_builds (build_id, project_id, partition_id)
+                SELECT id, project_id, partition_id FROM p_ci_builds WHERE id > :before AND id % 2 = 0
+            """), {"before": before["p_ci_builds"]})
+        elif job == "stuck_export_jobs":
+            # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
+            conn.execute(text("""
+                INSERT INTO project_relation_exports
+                       (project_export_job_id, project_id, relation, created_at, updated_at)
+                SELECT id, project_id, 'issues', created_at, created_at FROM project_export_jobs
+                WHERE id > :before AND id % 10 = 0
+            """), {"before": before["project_export_jobs"]})
+            conn.execute(text("""
+                UPDATE project_export_jobs
+                SET created_at = now() - CASE WHEN id % 20 = 0 THEN interval '1 hour' ELSE interval '7 hours' END
+                WHERE id > :before AND id % 10 = 0
+            """), {"before": before["project_export_jobs"]})
+            # A seventh still have their Sidekiq job (status key present): running, left.
+            running = conn.execute(text("SELECT jid FROM project_export_jobs WHERE id > :before AND id % 7 = 0"),
+                                   {"before": before["project_export_jobs"]}).scalars().all()
+            pipe = client.pipeline(transaction=False)
+            for jid in running:
+                pipe.set(sidekiq_status.status_key(jid), "1")
+            pipe.execute()
+        elif job == "environments_auto_stop":
+            # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
+            before["p_ci_builds"] = _max_id(conn, "p_ci_builds")
+            conn.execute(text("""
+                INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
+                                         created_at, updated_at, "when", allow_failure)
+                SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
+                       deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
+                       deployable.created_at, 'manual', true
+                FROM environments e
+                JOIN deployments d ON d.environment_id = e.id AND d.status = 2
+                JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
+                WHERE e.id > :before AND e.id % 10 = 0
+                ORDER BY deployable.commit_id
+            """), {"before": before["environments"]})
+    if job == "schedule_bulk_delete_job_artifacts":
+        _enable_bulk_delete(engine, client)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE " + seed.PARENT.get(BY_NAME[job].table, BY_NAME[job].table)))
+    return before
+
+
+def snapshot(cur, job: str, before: dict[str, int]) -> None:
+    """Copy the rows the job may change (and the side tables) into ``bench_template``."""
+    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(TEMPLATE)))
+    for table in (*SCOPED[job], *SIDE_TABLES):
+        copy = sql.Identifier(TEMPLATE, table)
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(copy))
+        where = sql.SQL("id > {}").format(sql.Literal(before[table])) if table in before else sql.SQL("true")
+        cur.execute(sql.SQL("CREATE TABLE {} AS SELECT * FROM {} WHERE {}").format(copy, sql.Identifier(table), where))
+
+
+def reset(cur, job: str, before: dict[str, int]) -> None:
+    """The state the snapshot saw: candidates deleted and copied back, triggers off (ids, side tables as they were)."""
+    cur.execute("BEGIN")
+    cur.execute("SET LOCAL session_replication_role = replica")
+    for table in SCOPED[job]:
+        cur.execute(sql.SQL("DELETE FROM {} WHERE id > %s").format(sql.Identifier(table)), (before[table],))
+    cur.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, SIDE_TABLES))))
+    for table in (*SCOPED[job], *SIDE_TABLES):
+        copy = sql.Identifier(TEMPLATE, table)
+        cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
+    cur.execute("COMMIT")
+    cur.execute(sql.SQL("ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))))
+
+
+def _columns(cur, table: str) -> list[tuple[str, str]]:
+    cur.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+                   WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum""", (table,))
+    return cur.fetchall()
+
+
+def digest(cur, job: str, before: dict[str, int], recent: dt.datetime) -> dict[str, tuple]:
+    """Per changed table: (rows in the table, rows digested, md5 of the digested rows in order).
+
+    Candidate rows of the scoped tables with their ids; side tables whole, without their ids (a
+    sequence's). A timestamp at or after ``recent`` (a value the run set: now, now - 1 day) is "recent".
+    """
+    found = {}
+    for table in (*SCOPED[job], *SIDE_TABLES):
+        parts = []
+        for name, kind in _columns(cur, table):
+            if name == "id" and table not in before:
+                continue
+            column = sql.Identifier(name)
+            if kind.startswith("timestamp"):
+                value = sql.SQL("CASE WHEN {c} >= %(recent)s THEN 'recent' ELSE {c}::text END").format(c=column)
+            else:
+                value = sql.SQL("{}::text").format(column)
+            parts.append(sql.SQL("coalesce({}, 'NULL')").format(value))
+        where = sql.SQL("id > %(before)s") if table in before else sql.SQL("true")
+        row = sql.SQL(" || '|' || ").join(parts)
+        cur.execute(sql.SQL("""
+            SELECT (SELECT count(*) FROM {t}), count(*), md5(coalesce(string_agg(r, E'\\n' ORDER BY r), ''))
+            FROM (SELECT {row} AS r FROM {t} WHERE {where}) s""").format(
+            t=sql.Identifier(table), row=row, where=where), {"recent": recent, "before": before.get(table, 0)})
+        found[table] = cur.fetchone()
+    return found
+
+
+def _instance():
+    from dagster import DagsterInstance
+
+    return DagsterInstance.get()
+
+
+def launch(env: dict[str, str], job: str, log_dir: Path) -> tuple[float, float, float, int]:
+    """``dagster job execute`` as an operator runs it: (launch -> RUN_SUCCESS s, run record start -> end s,
+    whole process s, rows_changed)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    command = [str(BIN / "dagster"), "job", "execute", "-m", "ci_cleanup", "-j", job]
+    if job in RUN_CONFIG:
+        config = log_dir / f"{job}.yaml"
+        config.write_text(RUN_CONFIG[job])
+        command += ["-c", str(config)]
+    output = log_dir / f"{job}.log"
+    launched = time.time()
+    with output.open("w") as out:
+        code = subprocess.run(command, env={**os.environ, **env}, cwd=REPO_ROOT, stdout=out,
+                              stderr=subprocess.STDOUT).returncode
+    exited = time.time()
+    records = _instance().get_run_records(RunsFilter(job_name=job), limit=1)
+    record = records[0] if records else None
+    if code or record is None or record.dagster_run.status != DagsterRunStatus.SUCCESS or record.end_time < launched:
+        raise RuntimeError(f"{job} did not succeed (exit {code}); its output: {output}\n{output.read_text()[-3000:]}")
+    rows = int(record.dagster_run.tags.get("ci_cleanup/rows_changed", -1))
+    return record.end_time - launched, record.end_time - record.start_time, exited - launched, rows
+
+
+def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print) -> Launched:
+    figures = Launched(job, n)
+    before = add_candidates(engine, client, job, n)
+    recent = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)
+    floor_conn = connect(env["CI_CLEANUP_DATABASE_URL"])
+    admin = connect(env["CI_CLEANUP_DATABASE_URL"])
+    try:
+        cur = admin.cursor()
+        snapshot(cur, job, before)
+        expected = None
+        for r in range(rounds):
+            order = CONTENDERS if r % 2 == 0 else tuple(reversed(CONTENDERS))
+            for contender in order:
+                reset(cur, job, before)
+                if contender == "job":
+                    seconds, run_s, _, rows = launch(env, job, log_dir)
+                    figures.seconds["run_record"].append(run_s)
+                elif contender == "floor":
+                    started = time.perf_counter()
+                    rows, figures.batches = FLOORS[job](floor_conn, client)
+                    seconds = time.perf_counter() - started
+                else:
+                    started = time.perf_counter()
+                    rows = BY_NAME[job].job(engine, client, lambda: None)
+                    seconds = time.perf_counter() - started
+                figures.seconds[contender].append(seconds)
+                state = digest(cur, job, before, recent)
+                if expected is None:
+                    expected, figures.rows = state, rows
+                if state != expected:
+                    raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than "
+                                         "the first run:"
+                                         f"\n{state}\n!=\n{expected}")
+                log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
+        figures.idle_s = launch(env, job, log_dir)[2]  # the rounds left nothing to do
+        log(f"  {job} idle: {figures.idle_s:.2f} s")
+    finally:
+        floor_conn.close()
+        admin.close()
+    return figures
+
+
+def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: list[str], log=print) -> list[Launched]:
+    missing = [v for v in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if not env.get(v) and not os.environ.get(v)]
+    if missing:
+        raise SystemExit(f"The launched-job benchmark needs {' and '.join(missing)} (a folder with this repo's "
+                         "dagster.yaml and its PostgreSQL database), as operators run the jobs")
+    # This process reads the run records from the instance the jobs are launched on.
+    os.environ.update({name: env[name] for name in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if env.get(name)})
+    engine, client = create_engine(env["CI_CLEANUP_DATABASE_URL"]), redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
+    with engine.begin() as conn:  # earlier parts of the bench left these; each job's rounds start from its own copy
+        conn.execute(text("TRUNCATE " + ", ".join(SIDE_TABLES)))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs:
+        for job in jobs:
+            log(f"{job}: {candidates:,} candidates, {rounds} rounds of job / floor / service")
+            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log))
+    engine.dispose()
+    return results
+
+
+def _timestamp(moment: dt.datetime) -> float:
+    """Unix seconds of a run record's datetime (stored as UTC, with or without its zone)."""
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
+    """A scheduled run through dagster-daemon with nothing to do: the run created by the tick -> RUN_SUCCESS."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from .daemon_location import SCHEDULE
+
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-m", "ci_cleanup.bench.daemon_location"], env={**os.environ, **env},
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        instance, started = _instance(), dt.datetime.now(dt.timezone.utc)
+        deadline = time.monotonic() + 240  # the next minute boundary, the queue, the run
+        while True:
+            scheduled = RunsFilter(tags={"dagster/schedule_name": SCHEDULE})
+            records = [r for r in instance.get_run_records(scheduled, limit=1)
+                       if _timestamp(r.create_timestamp) >= started.timestamp()]
+            if records and records[0].dagster_run.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
+                break
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                daemon.terminate()
+                raise RuntimeError(f"no scheduled run finished: {daemon.communicate()[0][-3000:]}")
+            time.sleep(1)
+        record = records[0]
+        if record.dagster_run.status != DagsterRunStatus.SUCCESS:
+            raise RuntimeError(f"the scheduled run {record.dagster_run.run_id} failed")
+        seconds = record.end_time - _timestamp(record.create_timestamp)
+        log(f"  scheduled run with nothing to do: {seconds:.2f} s from the tick's run to RUN_SUCCESS")
+        return seconds
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=60)

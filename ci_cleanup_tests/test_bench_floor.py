@@ -1,0 +1,157 @@
+"""The benchmark's floors do exactly what the jobs do, its reset restores the state exactly, and its digest
+sees a difference; one job launched as operators run it, against its floor (a scratch database each)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from ci_cleanup.bench import launched, seed
+from ci_cleanup.bench.floor import FLOORS, connect
+from ci_cleanup.bench.jobs import BY_NAME
+from ci_cleanup.devstack import REPO_ROOT
+from ci_cleanup.gitlab import sidekiq_status
+from ci_cleanup.gitlab.schema import create_schema, utc_now
+
+CANDIDATES = 300
+
+
+@pytest.fixture
+def bench_db(scratch_database, redis_client):
+    engine = create_engine(scratch_database)
+    create_schema(engine)
+    for table in seed.INSERTS:  # background rows the jobs must leave alone
+        seed.insert(engine, table, 500)
+    yield scratch_database, engine
+    engine.dispose()
+
+
+def _rows(engine, query: str, **params) -> list[tuple]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(query), params)]
+
+
+def _state(cur, job, before):
+    return launched.digest(cur, job, before, utc_now() - dt.timedelta(days=2))
+
+
+def _floor_then_service(url, engine, client, job):
+    """(digest before, after the floor, after the reset, after the service), and ``before``."""
+    before = launched.add_candidates(engine, client, job, CANDIDATES)
+    admin, floor_conn = connect(url), connect(url)
+    try:
+        cur = admin.cursor()
+        launched.snapshot(cur, job, before)
+        initial = _state(cur, job, before)
+        FLOORS[job](floor_conn, client)
+        after_floor = _state(cur, job, before)
+        launched.reset(cur, job, before)
+        after_reset = _state(cur, job, before)
+        BY_NAME[job].job(engine, client, lambda: None)
+        after_service = _state(cur, job, before)
+        launched.reset(cur, job, before)
+        FLOORS[job](floor_conn, client)  # the floor's own end state stays for the test's assertions
+    finally:
+        admin.close()
+        floor_conn.close()
+    return (initial, after_floor, after_reset, after_service), before
+
+
+@pytest.mark.parametrize("job", list(FLOORS))
+def test_floor_leaves_the_tables_as_the_service_and_reset_restores_them(bench_db, redis_client, job):
+    url, engine = bench_db
+    (initial, after_floor, after_reset, after_service), before = _floor_then_service(url, engine, redis_client, job)
+    assert after_floor == after_service
+    assert after_reset == initial
+    assert after_floor != initial
+
+
+def test_drop_floor_fails_every_candidate_and_empties_their_queues(bench_db, redis_client):
+    url, engine = bench_db
+    _, before = _floor_then_service(url, engine, redis_client, "drop_canceling_builds")
+    b = before["p_ci_builds"]
+    dropped = "SELECT status, failure_reason, count(*) FROM p_ci_builds WHERE id > :b GROUP BY 1, 2"
+    assert _rows(engine, dropped, b=b) == [
+        ("failed", 3, CANDIDATES)
+    ]
+    assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
+    assert _rows(engine, "SELECT count(*) FROM ci_running_builds") == [(0,)]
+    assert _rows(engine, "SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'") == [(0,)]
+
+
+def test_exports_floor_spares_running_jobs_and_parallel_exports_in_their_grace(bench_db, redis_client):
+    url, engine = bench_db
+    _, before = _floor_then_service(url, engine, redis_client, "stuck_export_jobs")
+    b = before["project_export_jobs"]
+    # Left enqueued: exactly the ones whose Sidekiq job still runs (a seventh) or parallel exports in their grace.
+    left = _rows(engine, "SELECT id, jid FROM project_export_jobs WHERE id > :b AND status IN (0, 1) ORDER BY id", b=b)
+    expected_left = _rows(engine, "SELECT id, jid FROM project_export_jobs "
+                                  "WHERE id > :b AND (id % 7 = 0 OR id % 20 = 0) ORDER BY id", b=b)
+    assert left == expected_left
+    assert all(redis_client.exists(sidekiq_status.status_key(jid)) == (i % 7 == 0) for i, jid in left)
+    assert _rows(engine, "SELECT count(*) FROM project_export_jobs WHERE id > :b AND status = 3", b=b) == [
+        (CANDIDATES - len(expected_left),)
+    ]
+
+
+def test_environments_floor_plays_stop_actions_and_queues_them_with_their_partition(bench_db, redis_client):
+    url, engine = bench_db
+    _, before = _floor_then_service(url, engine, redis_client, "environments_auto_stop")
+    actions = _rows(engine, "SELECT b.status, p.partition_id = b.partition_id, p.project_id = b.project_id "
+                            "FROM p_ci_builds b LEFT JOIN ci_pending_builds p ON p.build_id = b.id WHERE b.id > :b",
+                    b=before["p_ci_builds"])
+    assert actions and set(actions) == {("pending", True, True)}
+    states = dict(_rows(engine, "SELECT state, count(*) FROM environments WHERE id > :b GROUP BY 1",
+                        b=before["environments"]))
+    assert states["stopping"] > 0 and states["stopped"] > 0
+    assert sum(states.values()) == states["stopping"] + states["stopped"] == CANDIDATES
+    stopped_with_a_time = "SELECT count(*) FROM environments WHERE state = 'stopped' AND auto_stop_at IS NOT NULL"
+    assert _rows(engine, stopped_with_a_time) == [(0,)]
+
+
+def test_artifacts_floor_records_every_deleted_file(bench_db, redis_client):
+    url, engine = bench_db
+    _, before = _floor_then_service(url, engine, redis_client, "schedule_bulk_delete_job_artifacts")
+    left = _rows(engine, "SELECT count(*) FROM p_ci_job_artifacts WHERE id > :b", b=before["p_ci_job_artifacts"])
+    assert left == [(0,)]
+    # Every candidate has a file: half with a final path (its directory), half GitLab's hashed path (6 parts).
+    paths = _rows(engine, "SELECT store_dir LIKE '@final/%', cardinality(string_to_array(store_dir, '/')), count(*) "
+                          "FROM ci_deleted_objects GROUP BY 1, 2 ORDER BY 1, 2")
+    assert paths == [(False, 6, CANDIDATES // 2), (True, 2, CANDIDATES // 2)]
+
+
+def test_digest_sees_one_changed_value(bench_db, redis_client):
+    url, engine = bench_db
+    before = launched.add_candidates(engine, redis_client, "drop_canceling_builds", 10)
+    admin = connect(url)
+    try:
+        cur = admin.cursor()
+        first = _state(cur, "drop_canceling_builds", before)
+        cur.execute("UPDATE p_ci_builds SET lock_version = 7 WHERE id = (SELECT max(id) FROM p_ci_builds)")
+        assert _state(cur, "drop_canceling_builds", before) != first
+    finally:
+        admin.close()
+
+
+def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
+    """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
+    url, engine = bench_db
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    env = {"CI_CLEANUP_DATABASE_URL": url, "CI_CLEANUP_REDIS_URL": stack.redis_url,
+           "CI_CLEANUP_DAGSTER_PG_URL": stack.url("dagster"), "DAGSTER_HOME": str(tmp_path)}
+    for name in ("CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME"):
+        monkeypatch.setenv(name, env[name])
+    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path,
+                                 log=lambda message: None)
+    assert figures.rows == 50 and figures.batches == 1
+    assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
+    assert figures.idle_s > 0
+    assert _rows(engine, "SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'") == [(0,)]
+    from dagster import DagsterInstance, RunsFilter
+
+    with DagsterInstance.get() as instance:  # this test's runs leave the shared Dagster database as they found it
+        for record in instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"), limit=3):
+            instance.delete_run(record.dagster_run.run_id)
