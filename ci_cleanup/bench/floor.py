@@ -103,9 +103,10 @@ def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
             return total, batches
 
 
-# -- stuck_export_jobs: page by id, one MGET per chunk, fail the completed ones if still enqueued under the same jid
-# and not a parallel export in its 6 h grace. The fail of chunk k and the read of chunk k+1 are one statement (the
-# page is past chunk k's ids, so the two never meet): one database and one Redis round trip per chunk.
+# -- stuck_export_jobs: page by id, one pipelined EXISTS per chunk (as the job), fail the completed ones if
+# still enqueued under the same jid and not a parallel export in its 6 h grace. The fail of chunk k and the read
+# of chunk k+1 are one statement (the page is past chunk k's ids, so the two never meet): one database and one
+# Redis round trip per chunk.
 
 EXPORTS = """(bigint, int, bigint[], text[], timestamptz, timestamptz) AS
 WITH failed AS (
@@ -214,7 +215,7 @@ deleted AS (
   DELETE FROM p_ci_job_artifacts WHERE id = ANY(ARRAY(
     SELECT id FROM p_ci_job_artifacts
     WHERE expire_at < $2 AND file_type <> 3 AND locked = 0
-      AND CASE WHEN mod(project_id + job_id, (SELECT max_buckets FROM flags)) = $1 THEN true ELSE false END
+      AND CASE WHEN mod(project_id::numeric + job_id, (SELECT max_buckets FROM flags)) = $1 THEN true ELSE false END
       AND expire_at >= $4 AND (SELECT enabled FROM flags) AND $1 < (SELECT max_buckets FROM flags)
     ORDER BY expire_at LIMIT $3 FOR UPDATE SKIP LOCKED))
   RETURNING id, project_id, job_id, file, file_store, file_final_path, expire_at, created_at),
