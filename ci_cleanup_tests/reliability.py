@@ -12,6 +12,7 @@ Runs happen in other processes: the ``dagster`` CLI, or a forked copy of the tes
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import multiprocessing
@@ -517,6 +518,7 @@ class BulkDeleteJobArtifacts(Scenario):
 # test seeding it afresh. 0755 like the servers' folder (conftest.servers_dir).
 FILES_ROOT = Path(tempfile.mkdtemp(prefix="ci_cleanup_files_"))
 os.chmod(FILES_ROOT, 0o755)
+atexit.register(shutil.rmtree, FILES_ROOT, ignore_errors=True)  # gone with the process that made it
 
 
 class DeleteExpiredArtifactFiles(Scenario):
