@@ -34,7 +34,9 @@ LEASE_WITHOUT_TTL_TAG = "ci_cleanup/lease_without_ttl"  # the lease key that mad
 MAX_IDS_REPORTED = 1000  # ids listed in metadata; counts are always exact
 
 
-def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None) -> None:
+def report_run(
+    context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None
+) -> None:
     """The run's totals: output metadata of the last op, and the headline number as a run tag."""
     context.add_output_metadata(dict(metadata))
     tags = {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})}

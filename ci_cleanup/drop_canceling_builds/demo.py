@@ -26,7 +26,8 @@ def seed(
             rows.append(dict(status=status, created_at=naive_utc(at), updated_at=naive_utc(at)))
     for i, values in enumerate(rows):
         values.update(
-            partition_id=100 + i // 5 % 3, project_id=rng.randint(1, 20), commit_id=1000 + i // 5, name=rng.choice(["rspec", "lint", "build"]),
+            partition_id=100 + i // 5 % 3, project_id=rng.randint(1, 20), commit_id=1000 + i // 5,
+            name=rng.choice(["rspec", "lint", "build"]),
             type="Ci::Build", runner_id=rng.randint(1, 5), lock_version=0,
         )
     conn.execute(insert(schema.ci_builds), rows)

@@ -17,7 +17,10 @@ def seed(
 ) -> None:
     """environments_auto_stop: expired review apps (plain ones to stop, ones with a manual stop job, with_action
     ones to leave; two batches), and environments it must not touch (not due yet, no auto-stop, already stopped)."""
-    kinds = ["plain"] * 110 + ["stop_action"] * 15 + ["with_action"] * 10 + ["future"] * 20 + ["production"] * 5 + ["stopped"] * 10
+    kinds = (
+        ["plain"] * 110 + ["stop_action"] * 15 + ["with_action"] * 10 + ["future"] * 20 + ["production"] * 5
+        + ["stopped"] * 10
+    )
     rows, base = [], conn.scalar(select(func.coalesce(func.max(schema.environments.c.id), 0)))
     for i, kind in enumerate(kinds, start=base + 1):
         expired = now - dt.timedelta(hours=rng.randint(1, 72))
@@ -29,7 +32,8 @@ def seed(
             state="stopped" if kind == "stopped" else "available", auto_stop_at=auto_stop_at,
             auto_stop_setting=1 if kind == "with_action" else 0, created_at=created, updated_at=created,
         ))
-    env_ids = conn.execute(insert(schema.environments).returning(schema.environments.c.id, sort_by_parameter_order=True), rows).scalars().all()
+    returning_ids = insert(schema.environments).returning(schema.environments.c.id, sort_by_parameter_order=True)
+    env_ids = conn.execute(returning_ids, rows).scalars().all()
     for n, (env_id, kind, env) in enumerate(zip(env_ids, kinds, rows)):
         if kind not in ("stop_action", "with_action"):
             continue
@@ -39,7 +43,8 @@ def seed(
         build = dict(partition_id=100 + n % 3, project_id=env["project_id"], commit_id=pipeline, type="Ci::Build",
                      lock_version=0, created_at=deployed, updated_at=deployed)
         deploy_id = conn.execute(
-            insert(schema.ci_builds).values(name="deploy_review", status="success", **build).returning(schema.ci_builds.c.id)
+            insert(schema.ci_builds).values(name="deploy_review", status="success", **build)
+            .returning(schema.ci_builds.c.id)
         ).scalar_one()
         if kind == "stop_action":
             conn.execute(insert(schema.ci_builds).values(name="stop_review", status="manual", **build))

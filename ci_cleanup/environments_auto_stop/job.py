@@ -22,8 +22,12 @@ ASSET = ("gitlab", "environments")
 
 
 class EnvironmentsAutoStopConfig(Config):
-    batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Environments per batch (GitLab's 100)")
-    max_loops: int = Field(default=service.LOOP_LIMIT, ge=1, le=10_000, description="Batches per run at most (GitLab's 1000)")
+    batch_size: int = Field(
+        default=service.BATCH_SIZE, ge=1, le=1000, description="Environments per batch (GitLab's 100)"
+    )
+    max_loops: int = Field(
+        default=service.LOOP_LIMIT, ge=1, le=10_000, description="Batches per run at most (GitLab's 1000)"
+    )
     max_runtime_minutes: int = Field(
         default=int(service.LOOP_TIMEOUT.total_seconds() // 60), ge=1, le=LEASE_TTL_SECONDS // 60 - 1,
         description="No new batch after this long (GitLab's 45 minutes; must stay under the 50-minute lease)",

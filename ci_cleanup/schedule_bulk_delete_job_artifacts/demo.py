@@ -1,4 +1,5 @@
-"""The demo dataset's rows for schedule_bulk_delete_job_artifacts (``ci-cleanup demo``): some it must change, more it must not."""
+"""The demo dataset's rows for schedule_bulk_delete_job_artifacts and delete_expired_artifact_files
+(``ci-cleanup demo``): some they must change, more they must not."""
 
 from __future__ import annotations
 
@@ -35,13 +36,16 @@ def seed(
             kind, now - dt.timedelta(hours=rng.randint(1, 72))
         )
         rows.append(dict(
-            partition_id=100 + i % 3, project_id=rng.randint(1, 40), job_id=first_job + i, file_type=3 if kind == "trace" else rng.choice([1, 2, 4]),
+            partition_id=100 + i % 3, project_id=rng.randint(1, 40), job_id=first_job + i,
+            file_type=3 if kind == "trace" else rng.choice([1, 2, 4]),
             size=rng.randint(1_000, 5_000_000), file="artifacts.zip", file_store=rng.choice([1, 2]),
-            locked={"locked": 1, "unknown": 2}.get(kind, 0), expire_at=expire_at, created_at=created, updated_at=created,
+            locked={"locked": 1, "unknown": 2}.get(kind, 0), expire_at=expire_at, created_at=created,
+            updated_at=created,
         ))
     conn.execute(insert(schema.ci_job_artifacts), rows)
     conn.execute(insert(schema.ci_deleted_objects), [
-        dict(file_store=store, store_dir=f"{i:02x}/{i + 16:02x}/demo/{i}", file="artifacts.zip", project_id=rng.randint(1, 40),
+        dict(file_store=store, store_dir=f"{i:02x}/{i + 16:02x}/demo/{i}", file="artifacts.zip",
+             project_id=rng.randint(1, 40),
              pick_up_at=now + dt.timedelta(hours=-rng.randint(1, 24) if due else rng.randint(1, 24)))
         for i, (store, due) in enumerate([(1, True), (2, True), (1, False)] * 10)
     ])

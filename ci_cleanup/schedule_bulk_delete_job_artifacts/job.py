@@ -91,12 +91,15 @@ def schedule_buckets(
     now = utc_now()
     begun = start(context, run_options)
     with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+        tables = [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates]
+        gitlab_tables = require_columns(conn, tables)
         flags = service.read_flags(conn, schema)
         if begun.mode is RunMode.DRY_RUN and flags.enabled:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = dict(batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds)
+    limits = dict(
+        batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds
+    )
     if not flags.enabled:
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
@@ -135,7 +138,8 @@ def delete_expired_artifacts_in_bucket(
 
     def on_batch(claimed: int, batch: service.DeletedBatch) -> None:
         observer.add(
-            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size, "deleted_objects": batch.deleted_objects},
+            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
+             "deleted_objects": batch.deleted_objects},
             [{"mod_bucket": claimed, "artifact_id": i} for i in batch.ids],
         )
 
@@ -177,7 +181,9 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
         "buckets_processed": sorted(r.mod_bucket for r in results if r.mod_bucket is not None),
         **_bucket_metadata(plan.buckets),
     }
-    by_bucket = [{"mod_bucket": b, "count": count, "ids": ", ".join(map(str, ids))} for b, (count, ids) in sorted(would.items())]
+    by_bucket = [
+        {"mod_bucket": b, "count": count, "ids": ", ".join(map(str, ids))} for b, (count, ids) in sorted(would.items())
+    ]
     finish(context, plan.start, metadata, would={
         "would_delete_count": sum(count for count, _ in would.values()),
         "would_delete_by_bucket": table(by_bucket, ["mod_bucket", "count", "ids"]),
@@ -232,7 +238,8 @@ class FilesPlan:
 
 @op
 def plan_artifact_file_removal(
-    context: OpExecutionContext, config: DeleteExpiredArtifactFilesConfig, gitlab_db: GitLabDatabase, run_options: RunOptions
+    context: OpExecutionContext, config: DeleteExpiredArtifactFilesConfig, gitlab_db: GitLabDatabase,
+    run_options: RunOptions,
 ) -> FilesPlan:
     """Check the schema and the artifacts root, and count the due rows by storage."""
     schema = gitlab_db.schema
@@ -270,7 +277,9 @@ def _files_counts(batch: files.FilesBatch) -> dict:
 
 
 @op
-def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> files.FilesResult:
+def remove_expired_artifact_files(
+    context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase
+) -> files.FilesResult:
     """Remove the due local files and their rows, 100 at a time."""
     if not plan.start.runs:
         return files.FilesResult()

@@ -1,4 +1,5 @@
-"""The demo dataset's rows for stale_runner_machines_cleanup (``ci-cleanup demo``): some it must change, more it must not."""
+"""The demo dataset's rows for stale_runner_machines_cleanup (``ci-cleanup demo``): some it must change,
+more it must not."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def seed(
         rows.append(dict(created_at=created, contacted_at=contacted))
     for i in range(40):  # old but contacted within the week, or registered within the week and never contacted
         if i % 2:
-            created, contacted = now - dt.timedelta(days=rng.randint(8, 400)), now - dt.timedelta(hours=rng.randint(0, 160))
+            created = now - dt.timedelta(days=rng.randint(8, 400))
+            contacted = now - dt.timedelta(hours=rng.randint(0, 160))
         else:
             created, contacted = now - dt.timedelta(days=rng.randint(0, 6), hours=rng.randint(0, 23)), None
         rows.append(dict(created_at=created, contacted_at=contacted))

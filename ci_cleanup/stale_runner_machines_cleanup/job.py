@@ -33,14 +33,16 @@ class StaleRunnerMachinesCleanupConfig(Config):
         default=service.SUB_BATCH_LIMIT, ge=1, le=10_000, description="Rows per DELETE (GitLab's SUB_BATCH_LIMIT, 100)"
     )
     max_deletions: int = Field(
-        default=service.MAX_DELETIONS, ge=1, le=100_000, description="Rows deleted per run at most (GitLab's MAX_DELETIONS, 1000)"
+        default=service.MAX_DELETIONS, ge=1, le=100_000,
+        description="Rows deleted per run at most (GitLab's MAX_DELETIONS, 1000)",
     )
 
     @model_validator(mode="after")
     def _bounded_sub_batches(self):
         if math.ceil(self.max_deletions / self.sub_batch_size) > MAX_SUB_BATCHES:
             raise ValueError(
-                f"max_deletions / sub_batch_size allows more than {MAX_SUB_BATCHES} sub-batches in one run; raise sub_batch_size"
+                f"max_deletions / sub_batch_size allows more than {MAX_SUB_BATCHES} sub-batches in one run; "
+                "raise sub_batch_size"
             )
         return self
 
@@ -104,7 +106,9 @@ def delete_stale_runner_machines(
 
 
 @op
-def report_stale_runner_machines_cleanup(context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult) -> None:
+def report_stale_runner_machines_cleanup(
+    context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult
+) -> None:
     """The service's done log: status, total_deleted, batch_counts; and whether the cap stopped the run."""
     if result.max_deletions_reached:
         context.log.warning(

@@ -19,11 +19,16 @@ def seed(
 ) -> None:
     """stuck_export_jobs: exports whose Sidekiq job is gone (to fail), ones Sidekiq still has (status key set),
     parallel exports inside and past their 6 h grace, and finished or failed ones it must not touch."""
-    kinds = ["stuck"] * 25 + ["in_sidekiq"] * 15 + ["parallel_young"] * 5 + ["parallel_old"] * 5 + ["finished"] * 20 + ["failed"] * 5
+    kinds = (
+        ["stuck"] * 25 + ["in_sidekiq"] * 15 + ["parallel_young"] * 5 + ["parallel_old"] * 5 + ["finished"] * 20
+        + ["failed"] * 5
+    )
     rows = []
     for kind in kinds:
-        age = dt.timedelta(hours=rng.randint(1, 5)) if kind == "parallel_young" else dt.timedelta(hours=rng.randint(7, 72))
-        status = {"finished": EXPORT_FINISHED, "failed": EXPORT_FAILED}.get(kind, rng.choice([EXPORT_QUEUED, EXPORT_STARTED]))
+        young = kind == "parallel_young"
+        age = dt.timedelta(hours=rng.randint(1, 5)) if young else dt.timedelta(hours=rng.randint(7, 72))
+        enqueued = rng.choice([EXPORT_QUEUED, EXPORT_STARTED])
+        status = {"finished": EXPORT_FINISHED, "failed": EXPORT_FAILED}.get(kind, enqueued)
         rows.append(dict(
             project_id=rng.randint(1, 20), status=status, jid=uuid.uuid4().hex[:24], user_id=rng.randint(1, 5),
             created_at=now - age, updated_at=now - age,

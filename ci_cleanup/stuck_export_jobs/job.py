@@ -30,7 +30,8 @@ class StuckExportJobsConfig(Config):
     )
     relation_exports_grace_hours: int = Field(
         default=int(service.EXPORT_JOBS_EXPIRATION.total_seconds() // 3600), ge=0, le=7 * 24,
-        description="A parallel export (with relation exports) younger than this is spared (GitLab's EXPORT_JOBS_EXPIRATION, 6 h)",
+        description="A parallel export (with relation exports) younger than this is spared "
+        "(GitLab's EXPORT_JOBS_EXPIRATION, 6 h)",
     )
 
 
