@@ -25,6 +25,7 @@ from dagster import (
     ExecutorDefinition,
     HookContext,
     JobDefinition,
+    OpDefinition,
     OpExecutionContext,
     ScheduleDefinition,
     failure_hook,
@@ -162,17 +163,26 @@ def finish(
     report_run(context, {"status": status, **metadata, **dry}, tags)
 
 
+def linear(find: OpDefinition, act: OpDefinition, report: OpDefinition) -> Callable[[], None]:
+    """The graph of most jobs: find's plan goes to act, and both to report."""
+
+    def graph() -> None:
+        plan = find()
+        report(plan, act(plan))
+
+    return graph
+
+
 def batch_job(
-    graph: Callable[[], object], *, description: str, cron: str, max_runtime_seconds: int,
+    name: str, graph: Callable[[], None], *, description: str, cron: str, max_runtime_seconds: int,
     seed: str | None = None, lease: Lease | None = None, executor_def: ExecutorDefinition | None = None,
 ) -> tuple[JobDefinition, ScheduleDefinition]:
-    """The job named after ``graph`` and its UTC schedule ``<job>_schedule``.
+    """The job ``name`` wiring its ops as ``graph`` does, and its UTC schedule ``<name>_schedule``.
 
     ``max_runtime_seconds`` becomes ``dagster/max_runtime``: run monitoring fails a longer run, which alerts
     (GitLab's run-time alerts). ``seed`` is the ``ci_cleanup/seed`` tag the alerts group by. Without
     ``executor_def`` the job runs on the code location's default executor.
     """
-    name = graph.__name__
     tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
     if seed is not None:
         tags["ci_cleanup/seed"] = seed

@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import insert, text
 from sqlalchemy.engine import Engine
 
-from ..batches import BATCHES, Batch
+from ..batches import BATCHES
 from ..drop_canceling_builds import service as drop_canceling
 from ..environments_auto_stop import service as auto_stop
 from ..gitlab import artifact_buckets, sidekiq_status
@@ -32,19 +32,11 @@ Runner = Callable[[Engine, redis.Redis, Callable[[], None]], int]
 
 @dataclass(frozen=True)
 class BenchJob:
-    batch: Batch
+    name: str
+    table: str  # where its candidates live (see seed.INSERTS): the registry's table of the batch
     job: Runner
     raw: Runner
     per_row: Runner
-
-    @property
-    def name(self) -> str:
-        return self.batch.name
-
-    @property
-    def table(self) -> str:
-        """Where its candidates live (see seed.INSERTS)."""
-        return self.batch.table
 
 
 def _loop(engine: Engine, on_batch, batch: Callable[..., int]) -> int:
@@ -308,5 +300,5 @@ RUNNERS = {
     "environments_auto_stop": (envs_job, envs_raw, envs_per_row),
     "schedule_bulk_delete_job_artifacts": (artifacts_job, artifacts_raw, artifacts_per_row),
 }
-JOBS = [BenchJob(batch, *RUNNERS[batch.name]) for batch in BATCHES if batch.name in RUNNERS]
+JOBS = [BenchJob(batch.name, batch.table, *RUNNERS[batch.name]) for batch in BATCHES if batch.name in RUNNERS]
 BY_NAME = {job.name: job for job in JOBS}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, start
+from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import naive_utc, require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
@@ -115,17 +115,10 @@ def report_dropped_builds(
     )
 
 
-def drop_canceling_builds():
-    plan = find_canceling_builds()
-    report_dropped_builds(plan, drop_outdated_builds(plan))
-
-
 drop_canceling_builds, drop_canceling_builds_schedule = batch_job(
-    drop_canceling_builds,
+    "drop_canceling_builds", linear(find_canceling_builds, drop_outdated_builds, report_dropped_builds),
     description="Fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
-    seed="000", lease=LEASE,
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 30-minute alert).
-    max_runtime_seconds=LEASE_TTL_SECONDS,
-    # GitLab's StuckCiJobsWorker runs at :00 and starts this worker 45 minutes later.
-    cron="45 * * * *",
+    seed="000", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,
+    cron="45 * * * *",  # GitLab's StuckCiJobsWorker runs at :00 and starts this worker 45 minutes later
 )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, start
+from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
@@ -138,16 +138,10 @@ def report_auto_stop(
     )
 
 
-def environments_auto_stop():
-    plan = find_auto_stoppable_environments()
-    report_auto_stop(plan, stop_environments(plan))
-
-
 environments_auto_stop, environments_auto_stop_schedule = batch_job(
-    environments_auto_stop,
+    "environments_auto_stop", linear(find_auto_stoppable_environments, stop_environments, report_auto_stop),
     description="Stop environments whose auto-stop time has passed (Environments::AutoStopCronWorker)",
-    seed="003", lease=LEASE,
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 50-minute alert).
-    max_runtime_seconds=LEASE_TTL_SECONDS,
+    seed="003", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,
     cron="24 * * * *",  # Environments::AutoStopCronWorker's cron, away from the other hourly ones
 )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dagster import Config, DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, start
+from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, observe
@@ -178,17 +178,11 @@ def report_prune(
     )
 
 
-def prune_dagster_history():
-    plan = find_old_runs()
-    report_prune(plan, prune_runs(plan))
-
-
 prune_dagster_history, prune_dagster_history_schedule = batch_job(
-    prune_dagster_history,
+    "prune_dagster_history", linear(find_old_runs, prune_runs, report_prune),
     description="Delete the Dagster instance's finished runs and their event logs after 30 days (failed: 90), "
     "keeping each job's daily totals",
-    lease=LEASE,
-    max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease
+    lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease
     # Daily at 04:13 UTC: a minute no other schedule uses (:24, :30, :36, :45, */7, */10), at night in Europe.
     cron="13 4 * * *",
 )

@@ -33,7 +33,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, finish, skipped, start
+from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
@@ -191,14 +191,14 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
     })
 
 
-def schedule_bulk_delete_job_artifacts():
+def _bucket_workers() -> None:
     plan, buckets = schedule_buckets()
     results = buckets.map(lambda bucket: delete_expired_artifacts_in_bucket(plan, bucket))
     report_bulk_delete(plan, results.collect())
 
 
 schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule = batch_job(
-    schedule_bulk_delete_job_artifacts,
+    "schedule_bulk_delete_job_artifacts", _bucket_workers,
     description="Delete expired job artifacts in parallel buckets "
     "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)",
     seed="004",
@@ -316,14 +316,9 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
     )
 
 
-def delete_expired_artifact_files():
-    plan = plan_artifact_file_removal()
-    report_removed_artifact_files(plan, remove_expired_artifact_files(plan))
-
-
 delete_expired_artifact_files, delete_expired_artifact_files_schedule = batch_job(
-    delete_expired_artifact_files,
+    "delete_expired_artifact_files",
+    linear(plan_artifact_file_removal, remove_expired_artifact_files, report_removed_artifact_files),
     description="Remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
-    seed="004", max_runtime_seconds=FILES_MAX_RUNTIME_SECONDS,
-    cron="*/10 * * * *",
+    seed="004", max_runtime_seconds=FILES_MAX_RUNTIME_SECONDS, cron="*/10 * * * *",
 )

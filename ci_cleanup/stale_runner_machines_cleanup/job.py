@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field, model_validator
 
-from ..batch import RunMode, Start, batch_job, finish, start
+from ..batch import RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
@@ -128,14 +128,9 @@ def report_stale_runner_machines_cleanup(
     )
 
 
-def stale_runner_machines_cleanup():
-    plan = find_stale_runner_machines()
-    report_stale_runner_machines_cleanup(plan, delete_stale_runner_machines(plan))
-
-
 stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule = batch_job(
-    stale_runner_machines_cleanup,
+    "stale_runner_machines_cleanup",
+    linear(find_stale_runner_machines, delete_stale_runner_machines, report_stale_runner_machines_cleanup),
     description="Delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
-    seed="001", max_runtime_seconds=MAX_RUNTIME_SECONDS,
-    cron="36 * * * *",  # GitLab's cron for this worker: every hour at :36
+    seed="001", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="36 * * * *",  # GitLab's cron: every hour at :36
 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, finish, start
+from ..batch import RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, observe, track_exception
@@ -124,14 +124,8 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
                              "errors_count": result.errors_count})
 
 
-def stuck_export_jobs():
-    plan = find_enqueued_export_jobs()
-    report_stuck_export_jobs(plan, fail_stuck_export_jobs(plan))
-
-
 stuck_export_jobs, stuck_export_jobs_schedule = batch_job(
-    stuck_export_jobs,
+    "stuck_export_jobs", linear(find_enqueued_export_jobs, fail_stuck_export_jobs, report_stuck_export_jobs),
     description="Fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
-    seed="002", max_runtime_seconds=MAX_RUNTIME_SECONDS,
-    cron="30 * * * *",  # GitLab's cron: every hour at minute 30
+    seed="002", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="30 * * * *",  # GitLab's cron: every hour at :30
 )
