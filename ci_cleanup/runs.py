@@ -48,7 +48,7 @@ def report_run(
 
 
 def track_exception(context: OpExecutionContext, error: BaseException, **details) -> None:
-    """The seeds' ``Gitlab::ErrorTracking``: log it on the run and send it to Sentry when SENTRY_DSN is set."""
+    """GitLab's ``Gitlab::ErrorTracking``: log it on the run and send it to Sentry when SENTRY_DSN is set."""
     context.log.error(f"{type(error).__name__}: {str(error).strip()} {details}")
     if os.environ.get("SENTRY_DSN"):
         import sentry_sdk

@@ -2,7 +2,7 @@
 
 Each :class:`Scenario` knows, for one job, how to seed thousands of candidates in a few statements
 (``generate_series``), and how to tell, per candidate, whether it is *untouched* (exactly as seeded,
-with its related rows) or *done* (fully processed, with every related row the seed says changes
+with its related rows) or *done* (fully processed, with every related row GitLab changes
 with it). Anything else is a violation: a half-processed row. Keepers (rows the job must never
 touch) are compared with their seeded state.
 

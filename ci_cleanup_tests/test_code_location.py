@@ -22,7 +22,7 @@ from ci_cleanup.batches import BATCHES
 from ci_cleanup.demo import seed
 
 BIN = Path(sys.executable).parent
-# The contract's schedules (SPEC §1), beside those the registry adds.
+# The schedules the product contract names, with their crons; the registry may add others.
 SCHEDULES = {
     "drop_canceling_builds_schedule": ("drop_canceling_builds", "45 * * * *"),
     "stale_runner_machines_cleanup_schedule": ("stale_runner_machines_cleanup", "36 * * * *"),
