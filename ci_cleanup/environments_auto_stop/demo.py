@@ -6,7 +6,7 @@ import datetime as dt
 import random
 
 import redis
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
 from ..gitlab.schema import GitLabSchema, naive_utc

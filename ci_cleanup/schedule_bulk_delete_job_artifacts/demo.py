@@ -7,7 +7,7 @@ import datetime as dt
 import random
 
 import redis
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
