@@ -1,12 +1,10 @@
-"""What every job's Dagster layer shares: the run's lease, dry runs, error tracking and reporting.
+"""What every job's ops use to report: run tags, totals, error tracking and per-batch observations.
 
-A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
-run, and the failure hook, can release exactly the lease the run took, and nothing else.
+The run's shape (lease, dry run, status, job and schedule) is :mod:`ci_cleanup.batch`.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -14,16 +12,13 @@ from collections.abc import Mapping, Sequence
 from dagster import (
     AssetKey,
     AssetObservation,
-    HookContext,
     MetadataValue,
     OpExecutionContext,
     TableColumn,
     TableRecord,
     TableSchema,
-    failure_hook,
 )
 
-from .gitlab.exclusive_lease import ExclusiveLease
 from .metrics import push_run_metrics
 
 DRY_RUN_TAG = "ci_cleanup/dry_run"
@@ -38,43 +33,10 @@ SKIPPED_TAG = "ci_cleanup/skipped"  # why a run did nothing, e.g. "lease held"
 LEASE_WITHOUT_TTL_TAG = "ci_cleanup/lease_without_ttl"  # the lease key that made it skip and will never expire
 MAX_IDS_REPORTED = 1000  # ids listed in metadata; counts are always exact
 
-log = logging.getLogger("ci_cleanup")
 
-
-def run_lease(context: OpExecutionContext | HookContext, client, key: str, ttl_seconds: int) -> ExclusiveLease:
-    return ExclusiveLease(client, key, ttl_seconds, uuid=context.run_id)
-
-
-def release_lease_on_failure(key: str, ttl_seconds: int):
-    """A job hook: a failed step gives back the run's lease at once instead of holding it for its TTL."""
-
-    @failure_hook(name=f"release_{key.replace('/', '_').replace(':', '_')}_on_failure", required_resource_keys={"gitlab_redis"})
-    def _release(context: HookContext) -> None:
-        if run_lease(context, context.resources.gitlab_redis.shared_state, key, ttl_seconds).cancel():
-            context.log.info(f"Released lease {key} after the failure")
-
-    return _release
-
-
-def skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease) -> dict:
-    """GitLab's answer to a held lease: skip the run. Tagged, so that a lease that never expires (no TTL,
-    e.g. set by hand) or a job skipped run after run is alerted (sensors.lease_held_alert), not silent."""
-    ttl = lease.client.ttl(lease.redis_key)  # -1: the key has no expiry; -2: it went away meanwhile
-    tags = {SKIPPED_TAG: "lease held"}
-    if ttl == -1:
-        tags[LEASE_WITHOUT_TTL_TAG] = lease.redis_key
-        context.log.warning(f"Lease {lease.redis_key} has no TTL: it is never released by expiry, so every run skips")
-    context.instance.add_run_tags(context.run_id, tags)
-    context.log.info(f"Lease {lease.key} is held by another process; skipping as the seed does")
-    return {"lease_ttl_seconds": ttl}
-
-
-def mark_dry_run(context: OpExecutionContext) -> None:
-    context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
-    context.log.info("Dry run: finding what would change, writing nothing")
-
-
-def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None) -> None:
+def report_run(
+    context: OpExecutionContext, metadata: Mapping[str, object], tags: Mapping[str, str] | None = None
+) -> None:
     """The run's totals: output metadata of the last op, and the headline number as a run tag."""
     context.add_output_metadata(dict(metadata))
     tags = {ROWS_CHANGED_TAG: str(metadata[ROWS_CHANGED]), **(tags or {})}
@@ -86,7 +48,7 @@ def report_run(context: OpExecutionContext, metadata: Mapping[str, object], tags
 
 
 def track_exception(context: OpExecutionContext, error: BaseException, **details) -> None:
-    """The seeds' ``Gitlab::ErrorTracking``: log it on the run and send it to Sentry when SENTRY_DSN is set."""
+    """GitLab's ``Gitlab::ErrorTracking``: log it on the run and send it to Sentry when SENTRY_DSN is set."""
     context.log.error(f"{type(error).__name__}: {str(error).strip()} {details}")
     if os.environ.get("SENTRY_DSN"):
         import sentry_sdk
@@ -113,7 +75,7 @@ def observe(context: OpExecutionContext, asset: Sequence[str], metadata: Mapping
 
 
 OBSERVE_EVERY_SECONDS = 5.0  # at most one observation per table this often while a run works
-MAX_ROWS_OBSERVED = 100  # rows of the seed's per-batch log kept in one observation's table
+MAX_ROWS_OBSERVED = 100  # rows of the service's per-batch log kept in one observation's table
 MAX_BATCHES_LISTED = 1000  # per-batch counts kept in one observation
 
 
@@ -124,7 +86,7 @@ class BatchObserver:
     SQL: so batches are gathered and observed every ``every`` seconds, and once more at the end. Each
     observation carries the sums since the last one (what the UI plots across runs), ``batches``,
     ``per_batch`` (each batch's counts, in order) and the first ``MAX_ROWS_OBSERVED`` rows of the
-    seed's per-batch log (ids, statuses) as a table; the run's last op lists the first 1000 ids too.
+    service's per-batch log (ids, statuses) as a table; the run's last op lists the first 1000 ids too.
     """
 
     def __init__(self, context: OpExecutionContext, asset: Sequence[str], columns: Sequence[str] = (),

@@ -1,8 +1,8 @@
-"""Fault and concurrency harness for the five batch jobs (issue 9): datasets, state checks, runs in other processes.
+"""Fault and concurrency harness for the batch jobs: datasets, state checks, runs in other processes.
 
 Each :class:`Scenario` knows, for one job, how to seed thousands of candidates in a few statements
 (``generate_series``), and how to tell, per candidate, whether it is *untouched* (exactly as seeded,
-with its related rows) or *done* (fully processed, with every related row the seed says changes
+with its related rows) or *done* (fully processed, with every related row GitLab changes
 with it). Anything else is a violation: a half-processed row. Keepers (rows the job must never
 touch) are compared with their seeded state.
 
@@ -32,14 +32,10 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from sqlalchemy import bindparam, create_engine, text
 from sqlalchemy.engine import Connection, Engine
 
-from ci_cleanup.drop_canceling_builds import job as drop_job
-from ci_cleanup.environments_auto_stop import job as env_job
+from ci_cleanup.batches import BY_NAME, Batch
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
 from ci_cleanup.gitlab.exclusive_lease import PREFIX as LEASE_PREFIX
 from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, truncate_all, utc_now
-from ci_cleanup.schedule_bulk_delete_job_artifacts import job as artifacts_job
-from ci_cleanup.stale_runner_machines_cleanup import job as stale_job
-from ci_cleanup.stuck_export_jobs import job as export_job
 
 from .factories import TABLES
 from .runner import run_job
@@ -132,16 +128,36 @@ class State:
 
 
 class Scenario:
-    name: str
-    job: Any
-    report_op: str
-    table: str
-    module: Any = None  # the job module holding LEASE_KEY / LEASE_TTL_SECONDS, for leased jobs
-    keeper_tables: tuple[str, ...] = ()
+    """One registered batch's dataset and checks; its job, report op, table and lease come from the registry."""
+
+    batch: Batch
+    # Its workers claim Redis buckets: a killed worker's bucket is not handed out again before stale recovery.
+    claims_buckets = False
+
+    @property
+    def name(self) -> str:
+        return self.batch.name
+
+    @property
+    def job(self):
+        return self.batch.job
+
+    @property
+    def report_op(self) -> str:
+        return self.batch.report_op
+
+    @property
+    def table(self) -> str:
+        return self.batch.table
 
     @property
     def lease(self) -> str | None:
-        return LEASE_PREFIX + self.module.LEASE_KEY if self.module is not None else None
+        return LEASE_PREFIX + self.batch.lease.key if self.batch.lease is not None else None
+
+    def shorten_lease(self, ttl_seconds: int | None) -> None:
+        """In a forked run's process only: the lease a killed run leaves expires in ``ttl_seconds``."""
+        if ttl_seconds is not None:
+            self.batch.lease.ttl_seconds = ttl_seconds
 
     def run_config(self, batch: int) -> dict:
         raise NotImplementedError
@@ -206,11 +222,10 @@ def _sort(state: State, row_id: int, is_done: bool, is_untouched: bool, what: An
 
 
 class DropCancelingBuilds(Scenario):
-    """Seed 000: a build is canceling (lock_version 0, in both queues) or failed/3 with lock_version 1, finished, out of both."""
+    """Ci::StuckBuilds::DropCancelingService: a build is canceling (lock_version 0, in both queues) or
+    failed/3 with lock_version 1, finished, out of both."""
 
-    name, job, report_op, table, module = (
-        "drop_canceling_builds", drop_job.drop_canceling_builds, "report_dropped_builds", "ci_builds", drop_job,
-    )
+    batch = BY_NAME["drop_canceling_builds"]
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"find_canceling_builds": {"config": {"batch_size": batch}}}}
@@ -268,11 +283,9 @@ class DropCancelingBuilds(Scenario):
 
 
 class StaleRunnerMachines(Scenario):
-    """Seed 001: a stale machine is there as seeded, or gone; sub-batches are whole."""
+    """Ci::Runners::StaleManagersCleanupService: a stale machine is there as seeded, or gone; sub-batches are whole."""
 
-    name, job, report_op, table = (
-        "stale_runner_machines_cleanup", stale_job.stale_runner_machines_cleanup, "report_stale_runner_machines_cleanup", "ci_runner_machines",
-    )
+    batch = BY_NAME["stale_runner_machines_cleanup"]
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"find_stale_runner_machines": {"config": {"sub_batch_size": batch, "max_deletions": batch * 1000}}}}
@@ -315,9 +328,10 @@ class StaleRunnerMachines(Scenario):
 
 
 class StuckExportJobs(Scenario):
-    """Seed 002: an export job whose Sidekiq job is gone is still queued/started as seeded, or failed (3)."""
+    """StuckExportJobsWorker: an export job whose Sidekiq job is gone is still queued/started as seeded, or
+    failed (3)."""
 
-    name, job, report_op, table = ("stuck_export_jobs", export_job.stuck_export_jobs, "report_stuck_export_jobs", "project_export_jobs")
+    batch = BY_NAME["stuck_export_jobs"]
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": batch}}}}
@@ -367,11 +381,10 @@ PIPELINE = 10_000  # an environment's deploy and stop builds are in pipeline (co
 
 
 class EnvironmentsAutoStop(Scenario):
-    """Seed 003: odd environments have a stop action (stopping + action pending together), even ones stop plainly."""
+    """Environments::AutoStopService: odd environments have a stop action (stopping + action pending
+    together), even ones stop plainly."""
 
-    name, job, report_op, table, module = (
-        "environments_auto_stop", env_job.environments_auto_stop, "report_auto_stop", "environments", env_job,
-    )
+    batch = BY_NAME["environments_auto_stop"]
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"find_auto_stoppable_environments": {"config": {"batch_size": batch}}}}
@@ -453,11 +466,11 @@ class EnvironmentsAutoStop(Scenario):
 
 
 class BulkDeleteJobArtifacts(Scenario):
-    """Seed 004: an expired artifact is there as seeded with no ci_deleted_objects row, or gone with exactly one."""
+    """Ci::BulkDeleteExpiredJobArtifactsWorker: an expired artifact is there as seeded with no
+    ci_deleted_objects row, or gone with exactly one."""
 
-    name, job, report_op, table = (
-        "schedule_bulk_delete_job_artifacts", artifacts_job.schedule_bulk_delete_job_artifacts, "report_bulk_delete", "ci_job_artifacts",
-    )
+    batch = BY_NAME["schedule_bulk_delete_job_artifacts"]
+    claims_buckets = True
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"schedule_buckets": {"config": {"batch_size": batch}}}}
@@ -522,17 +535,14 @@ atexit.register(shutil.rmtree, FILES_ROOT, ignore_errors=True)  # gone with the 
 
 
 class DeleteExpiredArtifactFiles(Scenario):
-    """Beyond seed 004: a due local ci_deleted_objects row is there as seeded, or gone with its file.
+    """Ci::DeleteObjectsService: a due local ci_deleted_objects row is there as seeded, or gone with its file.
 
     A row still there whose file is gone is a run killed between the unlink and its batch's commit: the
     row is untouched, and the next run counts the file as already gone. A row gone with its file still
     on disk is a violation (an orphaned file). Keepers: rows not yet due and object-storage rows, with files.
     """
 
-    name, job, report_op, table = (
-        "delete_expired_artifact_files", artifacts_job.delete_expired_artifact_files, "report_removed_artifact_files",
-        "ci_deleted_objects",
-    )
+    batch = BY_NAME["delete_expired_artifact_files"]
 
     def run_config(self, batch: int) -> dict:
         config = {"artifacts_root": str(FILES_ROOT), "batch_size": batch}
@@ -614,8 +624,7 @@ def _report(result, op_name: str) -> dict:
 def _child_run(send, scenario: Scenario, stack, run_config: dict, lease_ttl: int | None, barrier, parent_engines):
     for engine in parent_engines:
         engine.dispose(close=False)  # the parent's pooled connections are not ours to use or close
-    if lease_ttl is not None:
-        scenario.module.LEASE_TTL_SECONDS = lease_ttl
+    scenario.shorten_lease(lease_ttl)
     if barrier is not None:
         barrier.wait()
     try:
@@ -816,8 +825,7 @@ def execute(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, *
 def _killable_run(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, lease_ttl: int | None, send, parent_engines) -> None:
     for engine in parent_engines:
         engine.dispose(close=False)
-    if lease_ttl is not None:
-        scenario.module.LEASE_TTL_SECONDS = lease_ttl  # this process only: the dead run's lease must expire soon
+    scenario.shorten_lease(lease_ttl)  # this process only: the dead run's lease must expire soon
     result = execute(scenario, db_url, redis_url, run_config, raise_on_error=False)
     errors = [e.event_specific_data.error.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     send.send({"success": result.success, "metadata": _report(result, scenario.report_op), "errors": errors})
@@ -878,7 +886,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
 
             to_do, done_by_next = len(state.untouched), 0
             stale = []
-            if scenario.name == "schedule_bulk_delete_job_artifacts":
+            if scenario.claims_buckets:
                 occupied = sorted(artifact_buckets.read_state(client).occupied)
                 if occupied and state.untouched:
                     # The dead worker's bucket is not handed out before stale recovery...
@@ -896,7 +904,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
             done_by_next += scenario.done_count(recovery)
             if recovery["status"] != "success" or done_by_next != to_do:
                 violations.append(f"trial {trial}: the next run did {done_by_next} of {to_do}: {recovery}")
-            if scenario.name == "schedule_bulk_delete_job_artifacts" and (
+            if scenario.claims_buckets and (
                 recovery["stale_count"] != len(stale) or artifact_buckets.read_state(client).occupied
             ):
                 violations.append(f"trial {trial}: stale buckets {stale} not recovered: {recovery}")

@@ -18,9 +18,11 @@ import redis
 from sqlalchemy import create_engine, inspect, text
 
 from ci_cleanup import defs
+from ci_cleanup.batches import BATCHES
 from ci_cleanup.demo import seed
 
 BIN = Path(sys.executable).parent
+# The schedules the product contract names, with their crons; the registry may add others.
 SCHEDULES = {
     "drop_canceling_builds_schedule": ("drop_canceling_builds", "45 * * * *"),
     "stale_runner_machines_cleanup_schedule": ("stale_runner_machines_cleanup", "36 * * * *"),
@@ -54,6 +56,16 @@ def test_every_schedule_of_the_contract_runs_its_job_on_its_cron_in_utc():
         assert (schedules[name].job_name, schedules[name].cron_schedule, schedules[name].execution_timezone) == (
             job_name, cron, "UTC"
         )
+
+
+def test_every_registered_batch_is_in_the_code_location_with_its_schedule_in_utc():
+    assert [job.name for job in defs.jobs] == [batch.name for batch in BATCHES]
+    schedules = {s.name: s for s in defs.schedules}
+    assert set(schedules) == {f"{batch.name}_schedule" for batch in BATCHES}
+    for batch in BATCHES:
+        schedule = schedules[f"{batch.name}_schedule"]
+        assert (schedule.job_name, schedule.execution_timezone) == (batch.name, "UTC")
+        assert batch.report_op in batch.job.graph.node_dict
 
 
 def test_definitions_validate(tmp_path):

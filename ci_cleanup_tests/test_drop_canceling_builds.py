@@ -283,7 +283,7 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
     result = run_job(drop_canceling_builds, stack, dry_run=True, instance=instance)
 
     assert [row(engine, "ci_builds", b) for b in build_ids] == before
-    drop = op_metadata(result, "drop_outdated_builds")
+    drop = op_metadata(result, "report_dropped_builds")
     assert (drop["would_drop_count"], drop["would_drop_ids"]) == (3, build_ids)
     assert op_metadata(result, "report_dropped_builds")["rows_changed"] == 0
     assert redis_client.keys("*") == []

@@ -229,7 +229,7 @@ def test_dry_run_lists_what_would_go_and_writes_nothing(stack, redis_client, ins
     events = events_by_run(dagster_db)
     del events[dry.run_id]
     assert (run_ids(dagster_db) - {dry.run_id}, events) == before
-    would = op_metadata(dry, "prune_runs")
+    would = op_metadata(dry, "report_prune")
     assert (would["would_delete_count"], would["would_delete_run_ids"]) == (150, old)  # oldest first
     assert len(would["would_summarise_days"]) == 20
     assert history(instance, "stale_runner_machines_cleanup") == []

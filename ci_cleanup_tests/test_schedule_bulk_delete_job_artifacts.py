@@ -695,7 +695,7 @@ def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path
             deleted_object_row(engine, store_dir="ab/cd/r", file_store=2), deleted_object_row(engine, store_dir="../x")]
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path), dry_run=True)
     assert path.exists() and ids(engine, "ci_deleted_objects") == rows
-    would = op_metadata(result, "remove_expired_artifact_files")
+    would = op_metadata(result, FILES_REPORT)
     assert (would["would_removed"], would["would_missing"], would["would_object_storage"], would["would_refused"]) == (1, 1, 1, 1)
     assert would["would_delete_row_ids"] == rows[:2]
     assert op_metadata(result, FILES_REPORT)["status"] == "dry run"
@@ -746,7 +746,7 @@ def test_files_job_never_follows_a_symbolic_link_below_the_root(
 
     would = op_metadata(
         run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root), dry_run=True),
-        "remove_expired_artifact_files",
+        FILES_REPORT,
     )
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(root))
 

@@ -176,7 +176,7 @@ def test_dry_run_reports_and_deletes_nothing(stack, engine, redis_client):
                      run_config=run_config(max_deletions=3))
 
     assert ids(engine, "ci_runner_machines") == [1, 2, 3, 4, 5, kept]
-    plan = op_metadata(result, "delete_stale_runner_machines")
+    plan = op_metadata(result, REPORT)
     assert (plan["would_delete_count"], plan["would_delete_ids"]) == (3, [1, 2, 3])  # capped as a real run would be
     report = op_metadata(result, REPORT)
     assert (report["status"], report["rows_changed"], report["total_deleted"], report["batch_counts"]) == ("dry run", 0, 0, [])

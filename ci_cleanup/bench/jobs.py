@@ -1,4 +1,4 @@
-"""The five jobs three ways, for the benchmark: the job's own service, a raw SQL loop with the same
+"""The registered batches three ways, for the benchmark: the job's own service, a raw SQL loop with the same
 batch size (the floor), and a per-row read-then-write loop in the style of GitLab's ``drop!`` with
 optimistic locking (what running the Rails workers does today).
 
@@ -16,6 +16,7 @@ import redis
 from sqlalchemy import insert, text
 from sqlalchemy.engine import Engine
 
+from ..batches import BATCHES
 from ..drop_canceling_builds import service as drop_canceling
 from ..environments_auto_stop import service as auto_stop
 from ..gitlab import artifact_buckets, sidekiq_status
@@ -32,8 +33,7 @@ Runner = Callable[[Engine, redis.Redis, Callable[[], None]], int]
 @dataclass(frozen=True)
 class BenchJob:
     name: str
-    table: str  # where its candidates live (see seed.INSERTS)
-    batch_size: int
+    table: str  # where its candidates live (see seed.INSERTS): the registry's table of the batch
     job: Runner
     raw: Runner
     per_row: Runner
@@ -292,11 +292,13 @@ def artifacts_per_row(engine, client, on_batch):
     return _per_row(engine, f"SELECT id FROM p_ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)
 
 
-JOBS = [
-    BenchJob("drop_canceling_builds", "ci_builds", 100, drop_job, drop_raw, drop_per_row),
-    BenchJob("stale_runner_machines_cleanup", "ci_runner_machines", 100, stale_job, stale_raw, stale_per_row),
-    BenchJob("stuck_export_jobs", "project_export_jobs", 1000, exports_job, exports_raw, exports_per_row),
-    BenchJob("environments_auto_stop", "environments", 100, envs_job, envs_raw, envs_per_row),
-    BenchJob("schedule_bulk_delete_job_artifacts", "ci_job_artifacts", 100, artifacts_job, artifacts_raw, artifacts_per_row),
-]
+# Per registered batch on GitLab's tables: its service, the floor and the per-row loop.
+RUNNERS = {
+    "drop_canceling_builds": (drop_job, drop_raw, drop_per_row),
+    "stale_runner_machines_cleanup": (stale_job, stale_raw, stale_per_row),
+    "stuck_export_jobs": (exports_job, exports_raw, exports_per_row),
+    "environments_auto_stop": (envs_job, envs_raw, envs_per_row),
+    "schedule_bulk_delete_job_artifacts": (artifacts_job, artifacts_raw, artifacts_per_row),
+}
+JOBS = [BenchJob(batch.name, batch.table, *RUNNERS[batch.name]) for batch in BATCHES if batch.name in RUNNERS]
 BY_NAME = {job.name: job for job in JOBS}

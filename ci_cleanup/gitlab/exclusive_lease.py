@@ -6,11 +6,8 @@ value is still our uuid (GitLab's compare-and-delete / compare-and-expire Lua sc
 
 from __future__ import annotations
 
-import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import redis
 
@@ -50,35 +47,3 @@ class ExclusiveLease:
     def cancel(self) -> bool:
         """Release the lease if it is still ours; a lease taken over after expiry is left alone."""
         return bool(self.client.eval(_RELEASE, 1, self.redis_key, self.uuid))
-
-    def holder(self) -> str | None:
-        value = self.client.get(self.redis_key)
-        return value.decode() if isinstance(value, bytes) else value
-
-
-class LeaseHeld(Exception):
-    """Another process holds the lease: the seeds skip the run."""
-
-
-@contextmanager
-def exclusive_lease(
-    client: redis.Redis, key: str, ttl_seconds: int, *, uuid_value: str | None = None,
-    retries: int = 0, retry_sleep_seconds: float = 1.0,
-) -> Iterator[ExclusiveLease]:
-    """Hold ``key`` for the block, trying ``1 + retries`` times (GitLab's ``in_lock(retries:)``).
-
-    Raises :class:`LeaseHeld` if another holder has it; releases by compare-and-delete on exit,
-    whether the block succeeded or raised.
-    """
-    lease = ExclusiveLease(client, key, ttl_seconds, **({"uuid": uuid_value} if uuid_value else {}))
-    for attempt in range(retries + 1):
-        if lease.try_obtain():
-            break
-        if attempt < retries:
-            time.sleep(retry_sleep_seconds)
-    else:
-        raise LeaseHeld(f"lease {key!r} is held by another process")
-    try:
-        yield lease
-    finally:
-        lease.cancel()

@@ -11,19 +11,19 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dagster import Config, DagsterInstance, OpExecutionContext, ScheduleDefinition, job, op
+from dagster import Config, DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
+from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabRedis, RunOptions
-from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, mark_dry_run, observe, release_lease_on_failure, report_run, run_lease,
-)
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, observe
 from . import service
 
 # Two prune runs at once would write a day's totals twice: a lease, on the same Redis as the others' leases.
 LEASE_KEY = "ci_cleanup:prune_dagster_history"
 LEASE_TTL_SECONDS = 60 * 60
+LEASE = Lease(LEASE_KEY, LEASE_TTL_SECONDS)
 MAX_RUNTIME_MINUTES = 30
 STATEMENT_TIMEOUT_MS = 60_000  # one statement deletes one run's events; a run of 100 k events fits
 ASSET = ("dagster", "runs")
@@ -73,13 +73,14 @@ def keep_times(config: PruneDagsterHistoryConfig) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class PrunePlan:
-    status: str  # "run", "dry run" or "skipped: lease held"
+    start: Start
     now: dt.datetime
     keep_days: int
     keep_failed_days: int
     batch_size: int
     max_runtime_minutes: int
     old_runs: dict[str, int] = field(default_factory=dict)  # by status, at the start
+    would: dict = field(default_factory=dict)  # dry run: the runs that would go, the days that would be summarised
 
 
 @contextlib.contextmanager
@@ -110,43 +111,33 @@ def find_old_runs(
     keep_days, keep_failed_days = keep_times(config)
     cutoffs = service.Cutoffs.at(now, keep_days, keep_failed_days)
     old_runs = service.count_old_runs(context.instance, cutoffs)
-    if run_options.dry_run:
-        mark_dry_run(context)
-        status = "dry run"
-    elif run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS).try_obtain():
-        status = "run"
-    else:
-        status = "skipped: lease held"
-        context.log.info(f"Lease {LEASE_KEY} is held by another prune run; skipping")
+    begun = start(context, run_options, LEASE, gitlab_redis)
+    would = {}
+    if begun.mode is RunMode.DRY_RUN:
+        days = service.days_to_summarise(context.instance, cutoffs)
+        would = {
+            "would_delete_count": sum(old_runs.values()),
+            "would_delete_run_ids": service.old_run_ids(context.instance, cutoffs, MAX_IDS_REPORTED),
+            "would_summarise_days": [d.isoformat() for d in days][:MAX_IDS_REPORTED],
+        }
     context.add_output_metadata(
-        {"status": status, "old_runs": sum(old_runs.values()), "old_runs_by_status": old_runs,
+        {**begun.metadata, "old_runs": sum(old_runs.values()), "old_runs_by_status": old_runs,
          "cutoff_finished": cutoffs.finished.isoformat(), "cutoff_failed": cutoffs.failed.isoformat()}
     )
     return PrunePlan(
-        status=status, now=now, keep_days=keep_days, keep_failed_days=keep_failed_days,
-        batch_size=config.batch_size, max_runtime_minutes=config.max_runtime_minutes, old_runs=old_runs,
+        begun, now, keep_days, keep_failed_days, config.batch_size, config.max_runtime_minutes, old_runs, would
     )
 
 
 @op
 def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> service.PruneResult:
     """Write the daily totals, then delete old runs batch by batch; each batch is one observation on dagster/runs."""
-    if plan.status == "dry run":
-        cutoffs = service.Cutoffs.at(plan.now, plan.keep_days, plan.keep_failed_days)
-        days = service.days_to_summarise(context.instance, cutoffs)
-        context.add_output_metadata(
-            {"would_delete_count": sum(plan.old_runs.values()),
-             "would_delete_run_ids": service.old_run_ids(context.instance, cutoffs, MAX_IDS_REPORTED),
-             "would_summarise_days": [d.isoformat() for d in days][:MAX_IDS_REPORTED]}
-        )
+    if not plan.start.runs:
         return service.PruneResult()
-    if plan.status != "run":
-        return service.PruneResult()
-    lease = run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS)
+    renew_lease = LEASE.keeper(context, gitlab_redis)
 
     def on_batch(run_ids: list[str], events: int) -> None:
-        if not lease.renew():
-            raise RuntimeError(f"Lost lease {LEASE_KEY} mid-run; stopping so two prune runs never overlap")
+        renew_lease()
         observe(context, ASSET, {"runs_deleted": len(run_ids), "events_deleted": events})
 
     with pooled(context.instance) as instance:
@@ -166,15 +157,12 @@ def report_prune(
     context: OpExecutionContext, plan: PrunePlan, result: service.PruneResult, gitlab_redis: GitLabRedis
 ) -> None:
     """Give the lease back and put the run's totals on it."""
-    if plan.status == "run":
-        run_lease(context, gitlab_redis.shared_state, LEASE_KEY, LEASE_TTL_SECONDS).cancel()
     if result.time_limit_reached:
         context.log.warning(f"Stopped after {plan.max_runtime_minutes} minutes; the rest goes in the next run")
     kept = service.oldest_kept(context.instance)
-    report_run(
-        context,
+    finish(
+        context, plan.start,
         {
-            "status": "success" if plan.status == "run" else plan.status,
             ROWS_CHANGED: result.runs_deleted,
             "runs_deleted": result.runs_deleted,
             "events_deleted": result.events_deleted,
@@ -186,25 +174,15 @@ def report_prune(
             "keep_days": plan.keep_days,
             "keep_failed_days": plan.keep_failed_days,
         },
+        would=plan.would, lease=LEASE, gitlab_redis=gitlab_redis,
     )
 
 
-@job(
+prune_dagster_history, prune_dagster_history_schedule = batch_job(
+    "prune_dagster_history", linear(find_old_runs, prune_runs, report_prune),
     description="Delete the Dagster instance's finished runs and their event logs after 30 days (failed: 90), "
     "keeping each job's daily totals",
-    hooks={release_lease_on_failure(LEASE_KEY, LEASE_TTL_SECONDS)},
-    # Run monitoring fails a run that outlives its lease.
-    tags={"ci_cleanup/job": "prune_dagster_history", "dagster/max_runtime": str(LEASE_TTL_SECONDS)},
-)
-def prune_dagster_history():
-    plan = find_old_runs()
-    report_prune(plan, prune_runs(plan))
-
-
-# Daily at 04:13 UTC: a minute no other schedule uses (:24, :30, :36, :45, */7, */10), at night in Europe.
-prune_dagster_history_schedule = ScheduleDefinition(
-    name="prune_dagster_history_schedule",
-    job=prune_dagster_history,
-    cron_schedule="13 4 * * *",
-    execution_timezone="UTC",
+    lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease
+    # Daily at 04:13 UTC: a minute no other schedule uses (:24, :30, :36, :45, */7, */10), at night in Europe.
+    cron="13 4 * * *",
 )

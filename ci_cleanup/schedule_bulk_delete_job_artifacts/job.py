@@ -1,4 +1,5 @@
-"""Seed 004 on Dagster: the bucket scheduler, its bucket workers as parallel steps, and the stored files' removal.
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` on Dagster: the bucket scheduler, its bucket workers as parallel
+steps, and the stored files' removal.
 
 ``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) fans out one
 mapped step per bucket (GitLab's ``perform_with_capacity``: max_buckets workers); each claims its
@@ -27,19 +28,16 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
-    ScheduleDefinition,
-    job,
     multiprocess_executor,
     op,
 )
 from pydantic import Field
 
+from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import (
-    MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, mark_dry_run, report_run, table, track_exception,
-)
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, table, track_exception
 from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
@@ -57,7 +55,7 @@ WORKERS_EXECUTOR = multiprocess_executor.configured(
 
 
 class BulkDeleteJobArtifactsConfig(Config):
-    batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Artifacts per batch (the seed's 100)")
+    batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Artifacts per batch (GitLab's 100)")
     max_batches: int = Field(
         default=service.MAX_BATCHES, ge=1, le=10_000, description="Batches per bucket worker run (GitLab's 500)"
     )
@@ -69,7 +67,7 @@ class BulkDeleteJobArtifactsConfig(Config):
 
 @dataclass(frozen=True)
 class BulkDeletePlan:
-    status: str  # "run", "dry run" or "skipped: …"
+    start: Start
     batch_size: int = service.BATCH_SIZE
     max_batches: int = service.MAX_BATCHES
     max_runtime_seconds: int = int(service.MAX_RUNTIME.total_seconds())
@@ -100,28 +98,28 @@ def schedule_buckets(
     """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker per bucket."""
     schema = gitlab_db.schema
     now = utc_now()
-    if run_options.dry_run:
-        mark_dry_run(context)
+    begun = start(context, run_options)
     with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+        tables = [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates]
+        gitlab_tables = require_columns(conn, tables)
         flags = service.read_flags(conn, schema)
-        if run_options.dry_run and flags.enabled:
+        if begun.mode is RunMode.DRY_RUN and flags.enabled:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = dict(batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds)
+    limits = dict(
+        batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds
+    )
     if not flags.enabled:
-        # The seed: flag off -> return at once; not even the buckets are touched.
+        # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
-        yield Output(
-            BulkDeletePlan(status=f"skipped: {service.FEATURE_FLAG} disabled", **limits), "plan",
-            metadata={"gitlab_tables": gitlab_tables},
-        )
+        off = skipped(f"{service.FEATURE_FLAG} disabled")
+        yield Output(BulkDeletePlan(off, **limits), "plan", metadata={"gitlab_tables": gitlab_tables, **off.metadata})
         return
-    if run_options.dry_run:
+    if begun.mode is RunMode.DRY_RUN:
         buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
         yield Output(
-            BulkDeletePlan(status="dry run", buckets=buckets, would_delete=would_delete, **limits), "plan",
-            metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables},
+            BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits), "plan",
+            metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata},
         )
         return
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
@@ -132,8 +130,8 @@ def schedule_buckets(
         )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     yield Output(
-        BulkDeletePlan(status="run", buckets=buckets, **limits), "plan",
-        metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables},
+        BulkDeletePlan(begun, buckets=buckets, **limits), "plan",
+        metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata},
     )
     for bucket in range(flags.max_buckets):
         yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
@@ -149,7 +147,8 @@ def delete_expired_artifacts_in_bucket(
 
     def on_batch(claimed: int, batch: service.DeletedBatch) -> None:
         observer.add(
-            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size, "deleted_objects": batch.deleted_objects},
+            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
+             "deleted_objects": batch.deleted_objects},
             [{"mod_bucket": claimed, "artifact_id": i} for i in batch.ids],
         )
 
@@ -179,10 +178,10 @@ def delete_expired_artifacts_in_bucket(
 
 @op
 def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, results: list[service.WorkerResult]) -> None:
-    """The seed's end-of-run log line, and the run's totals."""
+    """The cron worker's end-of-run log line, and the run's totals."""
     destroyed = sum(r.destroyed_job_artifacts_count for r in results)
+    would = plan.would_delete
     metadata = {
-        "status": "success" if plan.status == "run" else plan.status,
         ROWS_CHANGED: destroyed,
         "destroyed_job_artifacts_count": destroyed,
         "size": sum(r.size for r in results),
@@ -191,41 +190,32 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
         "buckets_processed": sorted(r.mod_bucket for r in results if r.mod_bucket is not None),
         **_bucket_metadata(plan.buckets),
     }
-    if plan.status == "dry run":
-        would = plan.would_delete
-        metadata["would_delete_count"] = sum(count for count, _ in would.values())
-        metadata["would_delete_by_bucket"] = table(
-            [{"mod_bucket": b, "count": count, "ids": ", ".join(map(str, ids))} for b, (count, ids) in sorted(would.items())],
-            ["mod_bucket", "count", "ids"],
-        )
-        metadata["would_delete_ids"] = {str(b): ids for b, (_, ids) in sorted(would.items())}
-    report_run(context, metadata)
+    by_bucket = [
+        {"mod_bucket": b, "count": count, "ids": ", ".join(map(str, ids))} for b, (count, ids) in sorted(would.items())
+    ]
+    finish(context, plan.start, metadata, would={
+        "would_delete_count": sum(count for count, _ in would.values()),
+        "would_delete_by_bucket": table(by_bucket, ["mod_bucket", "count", "ids"]),
+        "would_delete_ids": {str(b): ids for b, (_, ids) in sorted(would.items())},
+    })
 
 
-@job(
-    description=(
-        "Seed 004: delete expired job artifacts in parallel buckets "
-        "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)"
-    ),
-    executor_def=WORKERS_EXECUTOR,
-    # The seed alerts when the scheduler runs over 60 s; here the run also holds its workers, which
-    # stop themselves after MAX_RUNTIME, so run monitoring fails a run past both.
-    tags={
-        "ci_cleanup/job": "schedule_bulk_delete_job_artifacts", "ci_cleanup/seed": "004",
-        "dagster/max_runtime": str(60 + int(service.MAX_RUNTIME.total_seconds())),
-    },
-)
-def schedule_bulk_delete_job_artifacts():
+def _bucket_workers() -> None:
     plan, buckets = schedule_buckets()
     results = buckets.map(lambda bucket: delete_expired_artifacts_in_bucket(plan, bucket))
     report_bulk_delete(plan, results.collect())
 
 
-schedule_bulk_delete_job_artifacts_schedule = ScheduleDefinition(
-    name="schedule_bulk_delete_job_artifacts_schedule",
-    job=schedule_bulk_delete_job_artifacts,
-    cron_schedule="*/7 * * * *",
-    execution_timezone="UTC",
+schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule = batch_job(
+    "schedule_bulk_delete_job_artifacts", _bucket_workers,
+    description="Delete expired job artifacts in parallel buckets "
+    "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)",
+    seed="004",
+    executor_def=WORKERS_EXECUTOR,
+    # GitLab alerts when the scheduler runs over 60 s; here the run also holds its workers, which
+    # stop themselves after MAX_RUNTIME, so run monitoring fails a run past both.
+    max_runtime_seconds=60 + int(service.MAX_RUNTIME.total_seconds()),
+    cron="*/7 * * * *",
 )
 
 
@@ -247,16 +237,18 @@ class DeleteExpiredArtifactFilesConfig(Config):
 
 @dataclass(frozen=True)
 class FilesPlan:
-    status: str  # "run" or "dry run"
+    start: Start
     root: str | None
     batch_size: int
     max_batches: int
     due_by_store: dict[int, int]
+    would: dict = field(default_factory=dict)  # dry run: what a run would remove, leave and refuse
 
 
 @op
 def plan_artifact_file_removal(
-    context: OpExecutionContext, config: DeleteExpiredArtifactFilesConfig, gitlab_db: GitLabDatabase, run_options: RunOptions
+    context: OpExecutionContext, config: DeleteExpiredArtifactFilesConfig, gitlab_db: GitLabDatabase,
+    run_options: RunOptions,
 ) -> FilesPlan:
     """Check the schema and the artifacts root, and count the due rows by storage."""
     schema = gitlab_db.schema
@@ -264,20 +256,26 @@ def plan_artifact_file_removal(
     if root is not None and not (os.path.isabs(root) and os.path.isdir(root)):
         # A wrong root would make every file look "already gone" and drop its row: refuse to start.
         raise ValueError(f"artifacts_root {root!r} is not an absolute path to an existing directory")
+    begun = start(context, run_options)
+    would = {}
     with gitlab_db.engine.connect() as conn:
         gitlab_tables = require_columns(conn, [schema.ci_deleted_objects])
         due_by_store = files.count_due(conn, schema, utc_now())
-    if run_options.dry_run:
-        mark_dry_run(context)
+        if begun.mode is RunMode.DRY_RUN:
+            preview = files.preview(conn, schema, Path(root) if root else None, utc_now(), MAX_IDS_REPORTED)
+            would = {
+                **{f"would_{k}": v for k, v in _files_counts(preview).items()},
+                "would_delete_row_ids": (preview.removed + preview.missing)[:MAX_IDS_REPORTED],
+                "object_storage_ids": preview.object_storage[:MAX_IDS_REPORTED],
+                "refused": [f"row {i}: {why}" for i, why in preview.refused[:MAX_IDS_REPORTED]],
+            }
     if root is None:
         context.log.warning(f"No artifacts root ({ARTIFACTS_ROOT_ENV} or artifacts_root): local files are left")
     context.add_output_metadata(
-        {"due_count": sum(due_by_store.values()), "artifacts_root": root, "gitlab_tables": gitlab_tables}
+        {"due_count": sum(due_by_store.values()), "artifacts_root": root, "gitlab_tables": gitlab_tables,
+         **begun.metadata}
     )
-    return FilesPlan(
-        status="dry run" if run_options.dry_run else "run", root=root,
-        batch_size=config.batch_size, max_batches=config.max_batches, due_by_store=due_by_store,
-    )
+    return FilesPlan(begun, root, config.batch_size, config.max_batches, due_by_store, would)
 
 
 def _files_counts(batch: files.FilesBatch) -> dict:
@@ -288,19 +286,13 @@ def _files_counts(batch: files.FilesBatch) -> dict:
 
 
 @op
-def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> files.FilesResult:
+def remove_expired_artifact_files(
+    context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase
+) -> files.FilesResult:
     """Remove the due local files and their rows, 100 at a time."""
-    root = Path(plan.root) if plan.root else None
-    if plan.status == "dry run":
-        with gitlab_db.engine.connect() as conn:
-            would = files.preview(conn, gitlab_db.schema, root, utc_now(), MAX_IDS_REPORTED)
-        context.add_output_metadata(
-            {**{f"would_{k}": v for k, v in _files_counts(would).items()},
-             "would_delete_row_ids": (would.removed + would.missing)[:MAX_IDS_REPORTED],
-             "object_storage_ids": would.object_storage[:MAX_IDS_REPORTED],
-             "refused": [f"row {i}: {why}" for i, why in would.refused[:MAX_IDS_REPORTED]]}
-        )
+    if not plan.start.runs:
         return files.FilesResult()
+    root = Path(plan.root) if plan.root else None
 
     def report_error(row_id: int, error: BaseException) -> None:
         track_exception(context, error, ci_deleted_object_id=row_id)
@@ -314,10 +306,9 @@ def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
 
 @op
 def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, result: files.FilesResult) -> None:
-    report_run(
-        context,
+    finish(
+        context, plan.start,
         {
-            "status": "success" if plan.status == "run" else plan.status,
             ROWS_CHANGED: result.rows_deleted,
             "files_removed": result.removed,
             "files_missing": result.missing,
@@ -329,25 +320,14 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
             "batches": result.batches,
             "due_count": sum(plan.due_by_store.values()),
             "due_object_storage": plan.due_by_store.get(2, 0),
-        }
+        },
+        would=plan.would,
     )
 
 
-@job(
-    description="Beyond seed 004: remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
-    tags={
-        "ci_cleanup/job": "delete_expired_artifact_files", "ci_cleanup/seed": "004",
-        "dagster/max_runtime": str(FILES_MAX_RUNTIME_SECONDS),
-    },
-)
-def delete_expired_artifact_files():
-    plan = plan_artifact_file_removal()
-    report_removed_artifact_files(plan, remove_expired_artifact_files(plan))
-
-
-delete_expired_artifact_files_schedule = ScheduleDefinition(
-    name="delete_expired_artifact_files_schedule",
-    job=delete_expired_artifact_files,
-    cron_schedule="*/10 * * * *",
-    execution_timezone="UTC",
+delete_expired_artifact_files, delete_expired_artifact_files_schedule = batch_job(
+    "delete_expired_artifact_files",
+    linear(plan_artifact_file_removal, remove_expired_artifact_files, report_removed_artifact_files),
+    description="Remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
+    seed="004", max_runtime_seconds=FILES_MAX_RUNTIME_SECONDS, cron="*/10 * * * *",
 )

@@ -1,19 +1,20 @@
-"""Seed 001 on Dagster: ``Ci::Runners::StaleMachinesCleanupCronWorker`` as a job and its hourly schedule.
+"""``Ci::Runners::StaleMachinesCleanupCronWorker`` on Dagster: ``Ci::Runners::StaleManagersCleanupService`` as a job.
 
-find (schema check, stale count) -> delete (the sub-batches) -> report (the seed's status,
+find (schema check, stale count) -> delete (the sub-batches) -> report (the service's status,
 total_deleted and batch_counts). No lease, as in GitLab: the worker is idempotent.
 """
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dagster import Config, OpExecutionContext, ScheduleDefinition, job, op
+from dagster import Config, OpExecutionContext, op
 from pydantic import Field, model_validator
 
+from ..batch import RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import require_columns, utc_now
 from ..resources import GitLabDatabase, RunOptions
-from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver, mark_dry_run, report_run
+from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
 from . import service
 
 ASSET = ("gitlab", "ci_runner_machines")
@@ -29,50 +30,58 @@ class StaleRunnerMachinesCleanupConfig(Config):
         description="A machine created and last contacted this long ago is stale (GitLab's STALE_TIMEOUT, 7 days)",
     )
     sub_batch_size: int = Field(
-        default=service.SUB_BATCH_LIMIT, ge=1, le=10_000, description="Rows per DELETE (the seed's SUB_BATCH_LIMIT, 100)"
+        default=service.SUB_BATCH_LIMIT, ge=1, le=10_000, description="Rows per DELETE (GitLab's SUB_BATCH_LIMIT, 100)"
     )
     max_deletions: int = Field(
-        default=service.MAX_DELETIONS, ge=1, le=100_000, description="Rows deleted per run at most (the seed's MAX_DELETIONS, 1000)"
+        default=service.MAX_DELETIONS, ge=1, le=100_000,
+        description="Rows deleted per run at most (GitLab's MAX_DELETIONS, 1000)",
     )
 
     @model_validator(mode="after")
     def _bounded_sub_batches(self):
         if math.ceil(self.max_deletions / self.sub_batch_size) > MAX_SUB_BATCHES:
             raise ValueError(
-                f"max_deletions / sub_batch_size allows more than {MAX_SUB_BATCHES} sub-batches in one run; raise sub_batch_size"
+                f"max_deletions / sub_batch_size allows more than {MAX_SUB_BATCHES} sub-batches in one run; "
+                "raise sub_batch_size"
             )
         return self
 
 
 @dataclass(frozen=True)
 class CleanupPlan:
+    start: Start
     now: dt.datetime
     stale_after: dt.timedelta
     sub_batch_size: int
     max_deletions: int
     stale_count: int  # stale rows when the run started: the backlog, even past the cap
-    dry_run: bool
+    would: dict = field(default_factory=dict)  # dry run: what a run would delete
 
 
 @op
 def find_stale_runner_machines(
-    context: OpExecutionContext, config: StaleRunnerMachinesCleanupConfig, gitlab_db: GitLabDatabase, run_options: RunOptions
+    context: OpExecutionContext, config: StaleRunnerMachinesCleanupConfig, gitlab_db: GitLabDatabase,
+    run_options: RunOptions,
 ) -> CleanupPlan:
     """Check the schema and count the stale runner machines."""
     schema = gitlab_db.schema
     now, stale_after = utc_now(), dt.timedelta(days=config.stale_after_days)
     deadline = service.stale_deadline(now, stale_after)
+    begun = start(context, run_options)
+    would = {}
     with gitlab_db.engine.connect() as conn:
         gitlab_tables = require_columns(conn, [schema.ci_runner_machines])
         stale_count = service.count_stale(conn, schema, deadline)
-    if run_options.dry_run:
-        mark_dry_run(context)
+        if begun.mode is RunMode.DRY_RUN:
+            would_delete = min(stale_count, config.max_deletions)  # as many as a real run would, capped
+            ids = service.find_stale_ids(conn, schema, deadline, min(would_delete, MAX_IDS_REPORTED))
+            would = {"would_delete_count": would_delete, "would_delete_ids": ids}
     context.add_output_metadata(
-        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, "gitlab_tables": gitlab_tables}
+        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, "gitlab_tables": gitlab_tables,
+         **begun.metadata}
     )
     return CleanupPlan(
-        now=now, stale_after=stale_after, sub_batch_size=config.sub_batch_size, max_deletions=config.max_deletions,
-        stale_count=stale_count, dry_run=run_options.dry_run,
+        begun, now, stale_after, config.sub_batch_size, config.max_deletions, stale_count, would
     )
 
 
@@ -81,12 +90,7 @@ def delete_stale_runner_machines(
     context: OpExecutionContext, plan: CleanupPlan, gitlab_db: GitLabDatabase
 ) -> service.CleanupResult:
     """Delete sub-batch after sub-batch, each its own transaction and one observation on the table."""
-    if plan.dry_run:
-        would_delete = min(plan.stale_count, plan.max_deletions)  # as many as a real run would, capped
-        with gitlab_db.engine.connect() as conn:
-            deadline = service.stale_deadline(plan.now, plan.stale_after)
-            ids = service.find_stale_ids(conn, gitlab_db.schema, deadline, min(would_delete, MAX_IDS_REPORTED))
-        context.add_output_metadata({"would_delete_count": would_delete, "would_delete_ids": ids})
+    if not plan.start.runs:
         return service.CleanupResult(max_deletions=plan.max_deletions)
 
     observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
@@ -102,42 +106,31 @@ def delete_stale_runner_machines(
 
 
 @op
-def report_stale_runner_machines_cleanup(context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult) -> None:
-    """The seed's done log: status, total_deleted, batch_counts; and whether the cap stopped the run."""
+def report_stale_runner_machines_cleanup(
+    context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult
+) -> None:
+    """The service's done log: status, total_deleted, batch_counts; and whether the cap stopped the run."""
     if result.max_deletions_reached:
         context.log.warning(
             f"MAX_DELETIONS ({plan.max_deletions}) reached with {plan.stale_count} stale runner machines at the start: "
             "the rest waits for the next run; reached run after run, the backlog is growing"
         )
-    report_run(
-        context,
+    finish(
+        context, plan.start,
         {
-            "status": "dry run" if plan.dry_run else "success",
             ROWS_CHANGED: result.total_deleted,
             "total_deleted": result.total_deleted,
             "batch_counts": result.batch_counts,
             "max_deletions_reached": result.max_deletions_reached,
         },
+        would=plan.would,
         tags={MAX_DELETIONS_TAG: str(result.max_deletions_reached).lower()},  # read by max_deletions_backlog_alert
     )
 
 
-@job(
-    description="Seed 001: delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
-    tags={
-        "ci_cleanup/job": "stale_runner_machines_cleanup", "ci_cleanup/seed": "001",
-        "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
-    },
-)
-def stale_runner_machines_cleanup():
-    plan = find_stale_runner_machines()
-    report_stale_runner_machines_cleanup(plan, delete_stale_runner_machines(plan))
-
-
-# GitLab's cron for this worker: every hour at :36.
-stale_runner_machines_cleanup_schedule = ScheduleDefinition(
-    name="stale_runner_machines_cleanup_schedule",
-    job=stale_runner_machines_cleanup,
-    cron_schedule="36 * * * *",
-    execution_timezone="UTC",
+stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule = batch_job(
+    "stale_runner_machines_cleanup",
+    linear(find_stale_runner_machines, delete_stale_runner_machines, report_stale_runner_machines_cleanup),
+    description="Delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
+    seed="001", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="36 * * * *",  # GitLab's cron: every hour at :36
 )

@@ -1,20 +1,20 @@
-"""Seed 002 on Dagster: ``StuckExportJobsWorker`` as a job and its hourly schedule.
+"""``StuckExportJobsWorker`` on Dagster, as a job and its hourly schedule.
 
 find (schema check, count) -> fail (the chunks) -> report (metadata, the stuck_export_jobs event).
-No lease: the seed relies on its two checks (Sidekiq status, then the row re-read and a guarded
+No lease: GitLab's worker relies on its two checks (Sidekiq status, then the row re-read and a guarded
 update), which make a repeated or concurrent run harmless.
 """
 
 import datetime as dt
 from dataclasses import dataclass
 
-import redis
-from dagster import Config, OpExecutionContext, ScheduleDefinition, job, op
+from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
+from ..batch import RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import require_columns, utc_now
-from ..resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, redact_redis_url
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, mark_dry_run, observe, report_run, track_exception
+from ..resources import GitLabDatabase, GitLabRedis, RunOptions
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, observe, track_exception
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
@@ -30,16 +30,17 @@ class StuckExportJobsConfig(Config):
     )
     relation_exports_grace_hours: int = Field(
         default=int(service.EXPORT_JOBS_EXPIRATION.total_seconds() // 3600), ge=0, le=7 * 24,
-        description="A parallel export (with relation exports) younger than this is spared (GitLab's EXPORT_JOBS_EXPIRATION, 6 h)",
+        description="A parallel export (with relation exports) younger than this is spared "
+        "(GitLab's EXPORT_JOBS_EXPIRATION, 6 h)",
     )
 
 
 @dataclass(frozen=True)
 class StuckExportPlan:
+    start: Start
     grace_cutoff: dt.datetime
     chunk_size: int
     candidates: int
-    status: str  # "run" or "dry run"
 
 
 @op
@@ -51,22 +52,21 @@ def find_enqueued_export_jobs(
     with gitlab_db.engine.connect() as conn:
         gitlab_tables = require_columns(conn, [schema.project_export_jobs, schema.project_relation_exports])
         candidates = service.count_enqueued(conn, schema)
-    status = "run"
-    if run_options.dry_run:
-        mark_dry_run(context)
-        status = "dry run"
+    begun = start(context, run_options)
     grace_cutoff = utc_now() - dt.timedelta(hours=config.relation_exports_grace_hours)
     context.add_output_metadata(
-        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), "status": status, "gitlab_tables": gitlab_tables}
+        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), "gitlab_tables": gitlab_tables,
+         **begun.metadata}
     )
-    return StuckExportPlan(grace_cutoff=grace_cutoff, chunk_size=config.chunk_size, candidates=candidates, status=status)
+    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, candidates)
 
 
 @op
 def fail_stuck_export_jobs(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.StuckResult:
-    """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the database refuses it)."""
+    """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the
+    database refuses it). A dry run asks the same questions and changes nothing."""
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         done = len(chunk.stuck) if outcome is None else len(outcome.failed)
@@ -78,44 +78,32 @@ def fail_stuck_export_jobs(
     def report_error(job_id: int, error: BaseException) -> None:
         track_exception(context, error, project_export_job_id=job_id)
 
-    try:
-        return service.mark_stuck_jobs_as_failed(
-            gitlab_db.engine, gitlab_db.schema, gitlab_redis.queues,
-            grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.status == "dry run",
-            max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
-        )
-    except redis.RedisError as e:
-        # The seed retries on Redis::ConnectionError; here the run fails and the next hour's run picks up.
-        where = redact_redis_url(gitlab_redis.queues_url or gitlab_redis.url)
-        raise ServiceUnavailable(f"Sidekiq's Redis at {where} failed mid-run: {e}") from None
+    # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
+    # Redis errors do), and the next hour's run picks up.
+    return service.mark_stuck_jobs_as_failed(
+        gitlab_db.engine, gitlab_db.schema, gitlab_redis.queues,
+        grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
+        max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
+    )
 
 
 @op
 def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan, result: service.StuckResult) -> None:
-    """The seed's 'Marked stuck export jobs as failed' log line and its stuck_export_jobs event."""
-    dry_run = plan.status == "dry run"
-    if dry_run:
-        report_run(
-            context,
-            {
-                "status": "dry run",
-                ROWS_CHANGED: 0,
-                "would_fail_count": result.stuck,
-                "would_fail_job_ids": result.stuck_jids,
-                "would_fail_export_job_ids": result.stuck_ids,
-                "candidates": result.candidates,
-                "running_count": result.running,
-                "reenqueued_count": result.reenqueued,
-                "parallel_in_grace_count": result.parallel_in_grace,
-            }
+    """GitLab's 'Marked stuck export jobs as failed' log line and its stuck_export_jobs event."""
+    if not plan.start.runs:
+        finish(
+            context, plan.start,
+            {ROWS_CHANGED: 0, "candidates": result.candidates, "running_count": result.running,
+             "reenqueued_count": result.reenqueued, "parallel_in_grace_count": result.parallel_in_grace},
+            would={"would_fail_count": result.stuck, "would_fail_job_ids": result.stuck_jids,
+                   "would_fail_export_job_ids": result.stuck_ids},
         )
         return
     if result.stuck:
         context.log.info(f"Marked stuck export jobs as failed: job_ids={result.stuck_jids}")
-    report_run(
-        context,
+    finish(
+        context, plan.start,
         {
-            "status": "success",
             ROWS_CHANGED: result.stuck,
             "failed_jobs_count": result.stuck,
             "job_ids": result.stuck_jids,
@@ -132,25 +120,12 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
         }
     )
     # Gitlab::Metrics.add_event(:stuck_export_jobs, failed_jobs_count:): one point per run, charted across runs.
-    observe(context, ASSET, {"stuck_export_jobs": result.stuck, "failed_jobs_count": result.stuck, "errors_count": result.errors_count})
+    observe(context, ASSET, {"stuck_export_jobs": result.stuck, "failed_jobs_count": result.stuck,
+                             "errors_count": result.errors_count})
 
 
-@job(
-    description="Seed 002: fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
-    tags={
-        "ci_cleanup/job": "stuck_export_jobs", "ci_cleanup/seed": "002",
-        "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
-    },
-)
-def stuck_export_jobs():
-    plan = find_enqueued_export_jobs()
-    report_stuck_export_jobs(plan, fail_stuck_export_jobs(plan))
-
-
-# The seed: every hour at minute 30.
-stuck_export_jobs_schedule = ScheduleDefinition(
-    name="stuck_export_jobs_schedule",
-    job=stuck_export_jobs,
-    cron_schedule="30 * * * *",
-    execution_timezone="UTC",
+stuck_export_jobs, stuck_export_jobs_schedule = batch_job(
+    "stuck_export_jobs", linear(find_enqueued_export_jobs, fail_stuck_export_jobs, report_stuck_export_jobs),
+    description="Fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
+    seed="002", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="30 * * * *",  # GitLab's cron: every hour at :30
 )

@@ -1,0 +1,194 @@
+"""The skeleton every batch job shares, written once: find -> act -> report, as GitLab's cron workers are built.
+
+A GitLab cron worker is a few lines of scheduling and locking around its service (e.g.
+``Ci::StuckBuilds::DropCancelingWorker`` takes an ``ExclusiveLease`` and calls
+``Ci::StuckBuilds::DropCancelingService``). Here each job's first op calls :func:`start` (dry run or
+lease, decided once into a :class:`RunMode`), its last op calls :func:`finish` (lease given back, the
+run's totals, and in a dry run what would change: the one place dry-run output goes), and
+:func:`batch_job` gives the job its tags, failure hook, run-time limit, executor and schedule.
+A job module then holds only what is particular to its batch: its config, queries and metadata.
+
+A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
+run, and the failure hook, can release exactly the lease the run took, and nothing else. Redis errors
+need no handling here: the clients of :class:`~ci_cleanup.resources.GitLabRedis` name the server in
+every error they raise, for every job alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from dagster import (
+    ExecutorDefinition,
+    HookContext,
+    JobDefinition,
+    OpDefinition,
+    OpExecutionContext,
+    ScheduleDefinition,
+    failure_hook,
+    job,
+)
+
+from .gitlab.exclusive_lease import ExclusiveLease
+from .resources import GitLabRedis, RunOptions
+from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
+
+
+class RunMode(enum.Enum):
+    """What a run does, decided by its first op."""
+
+    RUN = "run"
+    DRY_RUN = "dry run"
+    SKIPPED = "skipped"  # e.g. the lease is held by another process, as GitLab's workers skip
+
+
+@dataclass(frozen=True)
+class Start:
+    """The first op's decision: the run's mode, why it skips, and what to show about it."""
+
+    mode: RunMode
+    why_skipped: str = ""
+    details: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """The first op's ``status``: ``run``, ``dry run`` or ``skipped: <why>``."""
+        return f"skipped: {self.why_skipped}" if self.mode is RunMode.SKIPPED else self.mode.value
+
+    @property
+    def metadata(self) -> dict:
+        return {"status": self.status, **self.details}
+
+    @property
+    def runs(self) -> bool:
+        return self.mode is RunMode.RUN
+
+
+def skipped(why: str) -> Start:
+    """A run with nothing to do for a reason of the batch's own (e.g. its feature flag is off)."""
+    return Start(RunMode.SKIPPED, why)
+
+
+@dataclass
+class Lease:
+    """A job's ``Gitlab::ExclusiveLease``: its key, TTL and ``in_lock``'s retries.
+
+    Not frozen: a test shortens the TTL in the one process whose run it kills.
+    """
+
+    key: str
+    ttl_seconds: int
+    retries: int = 0
+    retry_sleep_seconds: float = 1.0  # ExclusiveLeaseHelpers sleeps between tries
+
+    def of_run(self, context: OpExecutionContext | HookContext, client) -> ExclusiveLease:
+        return ExclusiveLease(client, self.key, self.ttl_seconds, uuid=context.run_id)
+
+    def obtain(self, lease: ExclusiveLease) -> bool:
+        for attempt in range(self.retries + 1):
+            if lease.try_obtain():
+                return True
+            if attempt < self.retries:
+                time.sleep(self.retry_sleep_seconds)
+        return False
+
+    def keeper(self, context: OpExecutionContext, gitlab_redis: GitLabRedis) -> Callable[[], None]:
+        """Called after each batch: renews the lease, or stops the run if another process has it now."""
+        lease = self.of_run(context, gitlab_redis.shared_state)
+
+        def renew() -> None:
+            if not lease.renew():
+                raise RuntimeError(f"Lost lease {self.key} mid-run; stopping so that two runs never work at once")
+
+        return renew
+
+    def release_on_failure(self):
+        """A job hook: a failed step gives back the run's lease at once instead of holding it for its TTL."""
+
+        @failure_hook(
+            name=f"release_{self.key.replace('/', '_').replace(':', '_')}_on_failure",
+            required_resource_keys={"gitlab_redis"},
+        )
+        def _release(context: HookContext) -> None:
+            if self.of_run(context, context.resources.gitlab_redis.shared_state).cancel():
+                context.log.info(f"Released lease {self.key} after the failure")
+
+        return _release
+
+
+def start(
+    context: OpExecutionContext, run_options: RunOptions, lease: Lease | None = None,
+    gitlab_redis: GitLabRedis | None = None,
+) -> Start:
+    """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
+    if run_options.dry_run:
+        context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
+        context.log.info("Dry run: finding what would change, writing nothing")
+        return Start(RunMode.DRY_RUN)
+    if lease is None:
+        return Start(RunMode.RUN)
+    held = lease.of_run(context, gitlab_redis.shared_state)
+    if lease.obtain(held):
+        return Start(RunMode.RUN)
+    return _skip_for_held_lease(context, held)
+
+
+def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease) -> Start:
+    """Tagged, so that a lease that never expires (no TTL, e.g. set by hand) or a job skipped run after run is
+    alerted (sensors.lease_held_alert), not silent."""
+    ttl = lease.client.ttl(lease.redis_key)  # -1: the key has no expiry; -2: it went away meanwhile
+    tags = {SKIPPED_TAG: "lease held"}
+    if ttl == -1:
+        tags[LEASE_WITHOUT_TTL_TAG] = lease.redis_key
+        context.log.warning(f"Lease {lease.redis_key} has no TTL: it is never released by expiry, so every run skips")
+    context.instance.add_run_tags(context.run_id, tags)
+    context.log.info(f"Lease {lease.key} is held by another process; skipping as GitLab's worker does")
+    return Start(RunMode.SKIPPED, "lease held", {"lease_ttl_seconds": ttl})
+
+
+def finish(
+    context: OpExecutionContext, begun: Start, metadata: Mapping[str, object], *,
+    would: Mapping[str, object] | None = None, tags: Mapping[str, str] | None = None,
+    lease: Lease | None = None, gitlab_redis: GitLabRedis | None = None,
+) -> None:
+    """The last op's part: give the lease back, and report the run's totals with its status (``success``,
+    ``dry run`` or ``skipped: …``) and, in a dry run, ``would``: what a run would change."""
+    if lease is not None and begun.runs:
+        lease.of_run(context, gitlab_redis.shared_state).cancel()
+    status = "success" if begun.runs else begun.status
+    dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
+    report_run(context, {"status": status, **metadata, **dry}, tags)
+
+
+def linear(find: OpDefinition, act: OpDefinition, report: OpDefinition) -> Callable[[], None]:
+    """The graph of most jobs: find's plan goes to act, and both to report."""
+
+    def graph() -> None:
+        plan = find()
+        report(plan, act(plan))
+
+    return graph
+
+
+def batch_job(
+    name: str, graph: Callable[[], None], *, description: str, cron: str, max_runtime_seconds: int,
+    seed: str | None = None, lease: Lease | None = None, executor_def: ExecutorDefinition | None = None,
+) -> tuple[JobDefinition, ScheduleDefinition]:
+    """The job ``name`` wiring its ops as ``graph`` does, and its UTC schedule ``<name>_schedule``.
+
+    ``max_runtime_seconds`` becomes ``dagster/max_runtime``: run monitoring fails a longer run, which alerts
+    (GitLab's run-time alerts). ``seed`` is the ``ci_cleanup/seed`` tag the alerts group by. Without
+    ``executor_def`` the job runs on the code location's default executor.
+    """
+    tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
+    if seed is not None:
+        tags["ci_cleanup/seed"] = seed
+    batch = job(
+        name=name, description=description, tags=tags, executor_def=executor_def,
+        hooks={lease.release_on_failure()} if lease is not None else None,
+    )(graph)
+    schedule = ScheduleDefinition(name=f"{name}_schedule", job=batch, cron_schedule=cron, execution_timezone="UTC")
+    return batch, schedule

@@ -1,0 +1,72 @@
+"""The registry: every batch this code location runs, one entry each.
+
+The code location (jobs, schedules, the GitLab tables in the catalog), the demo dataset, the benchmark
+and the tests' reliability scenarios all read this tuple: a new batch is its package (``service.py``,
+``job.py``, ``demo.py``) and one entry here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from dagster import JobDefinition, ScheduleDefinition
+from sqlalchemy.engine import Connection
+
+from .batch import Lease
+from .drop_canceling_builds import demo as drop_demo, job as drop_job
+from .environments_auto_stop import demo as stop_demo, job as stop_job
+from .gitlab.schema import GitLabSchema
+from .prune_dagster_history import job as prune_job
+from .schedule_bulk_delete_job_artifacts import demo as artifacts_demo, job as artifacts_job
+from .stale_runner_machines_cleanup import demo as stale_demo, job as stale_job
+from .stuck_export_jobs import demo as export_demo, job as export_job
+
+Seeder = Callable[[Connection, redis.Redis, GitLabSchema, random.Random, dt.datetime], None]
+
+
+@dataclass(frozen=True)
+class Batch:
+    job: JobDefinition
+    schedule: ScheduleDefinition
+    report_op: str  # the last op: the run's totals, and a dry run's would_… (runs.report_run)
+    asset: tuple[str, ...]  # what its batches change and are observed on: ("gitlab", <GitLab table>), …
+    about: str  # what it does there, for the catalog
+    lease: Lease | None = None
+    demo: Seeder | None = None  # its rows in the demo dataset (``ci-cleanup demo``)
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def table(self) -> str:
+        return self.asset[-1]
+
+
+BATCHES = (
+    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
+          drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_job.LEASE, drop_demo.seed),
+    Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
+          "report_stale_runner_machines_cleanup", stale_job.ASSET,
+          "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
+    Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_auto_stop",
+          stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,
+          stop_demo.seed),
+    Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "report_stuck_export_jobs",
+          export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
+          demo=export_demo.seed),
+    Batch(artifacts_job.schedule_bulk_delete_job_artifacts, artifacts_job.schedule_bulk_delete_job_artifacts_schedule,
+          "report_bulk_delete", artifacts_job.ARTIFACTS,
+          "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket",
+          demo=artifacts_demo.seed),  # its rows include the stored files delete_expired_artifact_files removes
+    Batch(artifacts_job.delete_expired_artifact_files, artifacts_job.delete_expired_artifact_files_schedule,
+          "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
+          "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
+    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_prune", prune_job.ASSET,
+          "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
+)
+BY_NAME = {batch.name: batch for batch in BATCHES}
