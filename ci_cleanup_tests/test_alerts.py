@@ -1,43 +1,18 @@
-"""The seeds' monitoring tables as sensors, delivering to a real HTTP webhook on localhost."""
+"""The monitoring sensors, delivering to a real HTTP webhook on localhost."""
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from dagster import DagsterInstance, build_run_status_sensor_context
 from sqlalchemy import create_engine, text
 
-from ci_cleanup.alerts import WEBHOOK_ENV
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.sensors import repeated_failures_alert, run_failed_alert
 
 from .runner import run_job
-
-
-@pytest.fixture
-def webhook(monkeypatch):
-    """A local HTTP receiver; yields the list of JSON bodies it got."""
-    received = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{server.server_port}/hook")
-    yield received
-    server.shutdown()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Seed 000 / SPEC 4.1: builds stuck in canceling for over an hour are dropped, nothing else is touched."""
+"""``Ci::StuckBuilds::DropCancelingService``: builds stuck in canceling for over an hour are dropped,
+nothing else is touched."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Seed 003 / SPEC 4.4: environments past their auto-stop time are stopped as GitLab's StopService does."""
+"""``Environments::AutoStopService``: environments past their auto-stop time are stopped as
+``Environments::StopService`` does."""
 
 from __future__ import annotations
 

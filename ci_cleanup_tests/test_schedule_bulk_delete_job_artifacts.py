@@ -1,4 +1,5 @@
-"""Seed 004 / SPEC 4.5: expired, unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and ``Ci::BulkDeleteExpiredJobArtifactsWorker``: expired,
+unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
 
 from __future__ import annotations
 
@@ -376,7 +377,8 @@ def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engin
 
 def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_more(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
-    made = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    for p in range(1, 6):
+        artifact(engine, bucket=0, project_id=p * 5)
     redis_client.sadd(AVAILABLE_KEY, "0")
 
     def turn_off(bucket, batch):

@@ -1,4 +1,5 @@
-"""Seed 001 / SPEC 4.2: runner machines created and last contacted 7 days ago or more are deleted, 100 at a time, 1000 a run."""
+"""``Ci::Runners::StaleManagersCleanupService``: runner machines created and last contacted 7 days ago or more
+are deleted, 100 at a time, 1000 a run."""
 
 from __future__ import annotations
 
