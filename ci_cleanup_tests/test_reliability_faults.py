@@ -81,6 +81,24 @@ def run_in_thread(job, stack, **kwargs) -> tuple[threading.Thread, list]:
     return thread, out
 
 
+def redis_stopped_while_waiting(faults, engine, job, lock, run_config=None) -> tuple:
+    """Run ``job`` while a transaction of ours holds ``lock``; once the run waits on it, stop Redis and let the
+    run go on. Returns the run's result and a client of Redis started again."""
+    locker = engine.connect()
+    blocker = locker.begin()
+    locker.execute(lock)
+    thread, out = run_in_thread(job, faults, run_config=run_config)
+    try:
+        backend_waiting_on_lock(engine)
+        faults.stop_redis()
+    finally:
+        blocker.rollback()
+        locker.close()
+    thread.join(120)
+    faults.start_redis()
+    return out[0], redis.Redis.from_url(faults.redis_url)
+
+
 # --- one candidate per job, and what "processed" means for it ------------------------------------------
 
 
@@ -265,21 +283,11 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
     before = [row(engine, case.table, i) for i in ids]
     b = gitlab_schema().ci_builds
 
-    locker = engine.connect()
-    blocker = locker.begin()
-    locker.execute(b.select().where(b.c.id == ids[2]).with_for_update())
-    run_config = {"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}}
-    thread, out = run_in_thread(case.job, faults, run_config=run_config)
-    try:
-        backend_waiting_on_lock(engine)  # second batch waits; the first is committed and its lease renewed
-        faults.stop_redis()
-    finally:
-        blocker.rollback()
-        locker.close()
-    thread.join(120)
-    result = out[0]
-    faults.start_redis()
-    client = redis.Redis.from_url(faults.redis_url)
+    # The second batch waits on the lock; the first is committed and its lease renewed.
+    result, client = redis_stopped_while_waiting(
+        faults, engine, case.job, b.select().where(b.c.id == ids[2]).with_for_update(),
+        run_config={"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}},
+    )
 
     assert not result.success
     assert "Lost Redis (CI_CLEANUP_REDIS_URL)" in failure_messages(result)
@@ -308,20 +316,9 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
     case = CASES["schedule_bulk_delete_job_artifacts"]
     artifact = case.make(engine, client)  # bucket (10 + 1000) % 5 = 0
 
-    locker = engine.connect()
-    blocker = locker.begin()
-    locker.execute(text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE"))  # the worker's INSERT waits
-    thread, out = run_in_thread(case.job, faults)
-    try:
-        backend_waiting_on_lock(engine)
-        faults.stop_redis()
-    finally:
-        blocker.rollback()
-        locker.close()
-    thread.join(120)
-    result = out[0]
-    faults.start_redis()
-    client = redis.Redis.from_url(faults.redis_url)
+    result, client = redis_stopped_while_waiting(  # the worker's INSERT waits on the lock
+        faults, engine, case.job, text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE")
+    )
 
     assert not result.success
     assert "Lost Redis (CI_CLEANUP_REDIS_URL)" in failure_messages(result)
