@@ -27,10 +27,18 @@ from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all
 def gitlab_stack(data_dir: Path) -> Iterator[EmbeddedStack]:
     """An embedded stack in ``data_dir`` whose GitLab database has GitLab's tables; stopped afterwards."""
     with EmbeddedStack(data_dir) as stack:
-        engine = create_engine(stack.url())
-        create_schema(engine)
-        engine.dispose()
+        gitlab_database(stack.url()).dispose()
         yield stack
+
+
+def gitlab_database(url: str, *statements: str) -> Engine:
+    """An engine on ``url`` whose database has GitLab's tables, after ``statements`` (to break or fill it)."""
+    engine = create_engine(url)
+    create_schema(engine)
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.execute(text(statement))
+    return engine
 
 
 def reset(engine: Engine, redis_client=None, *, also: tuple[str, ...] = ()) -> None:

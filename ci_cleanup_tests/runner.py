@@ -32,6 +32,13 @@ def failure_messages(result) -> str:
     return "\n".join(messages)
 
 
+def step_failure_message(result: ExecuteInProcessResult) -> str:
+    """The first failed step's error: its cause's message when it has one (the error Dagster wrapped)."""
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.step_failure_data.error
+    return error.cause.message if error.cause else error.message
+
+
 def op_metadata(result: ExecuteInProcessResult, op_name: str) -> dict:
     """The metadata an op put on its output, as plain values."""
     for event in result.events_for_node(op_name):

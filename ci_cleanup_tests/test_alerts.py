@@ -6,23 +6,18 @@ import threading
 
 import pytest
 from dagster import DagsterInstance, build_run_status_sensor_context
-from sqlalchemy import create_engine, text
 
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
-from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.sensors import repeated_failures_alert, run_failed_alert
 
+from .harness import gitlab_database
 from .runner import run_job
 
 
 @pytest.fixture
 def broken_database(scratch_database):
     """A GitLab database whose ci_builds lacks a column: every drop_canceling_builds run fails."""
-    engine = create_engine(scratch_database)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE p_ci_builds DROP COLUMN lock_version"))
-    engine.dispose()
+    gitlab_database(scratch_database, "ALTER TABLE p_ci_builds DROP COLUMN lock_version").dispose()
     return scratch_database
 
 

@@ -15,7 +15,7 @@ from ci_cleanup.cli import dagster_pg_url
 from ci_cleanup.demo import seed
 from ci_cleanup.devstack import EmbeddedStack
 
-from .harness import clean_env, free_port, servers_of, wait_for_ui
+from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
 from .test_code_location import WORK
 
 BIN = Path(sys.executable).parent
@@ -223,13 +223,7 @@ def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_de
 
 
 def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_database):
-    engine = create_engine(scratch_database)
-    from ci_cleanup.gitlab.schema import create_schema
-
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
-    engine.dispose()
+    gitlab_database(scratch_database, "ALTER TABLE ci_runner_machines DROP COLUMN contacted_at").dispose()
 
     done = cli("run", "stale_runner_machines_cleanup", data_dir=servers_dir / "mismatch",
                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)

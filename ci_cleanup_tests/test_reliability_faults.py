@@ -30,7 +30,7 @@ from ci_cleanup.environments_auto_stop.job import LEASE_KEY as STOP_LEASE, envir
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, utc_now
+from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
 from ci_cleanup.resources import job_resources, redact_redis_url
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     delete_expired_artifact_files,
@@ -40,8 +40,8 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
-from .harness import gitlab_stack, reset, scratch_database_of
 from .factories import TABLES, ago, backend_waiting_on_lock, create, ids, naive_ago, row
+from .harness import gitlab_database, gitlab_stack, reset, scratch_database_of
 from .runner import failure_messages, op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -346,8 +346,7 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
 def scratch(faults):
     """A database of the faults stack with GitLab's tables, to break; yields (engine, url)."""
     with scratch_database_of(faults) as url:
-        engine = create_engine(url)
-        create_schema(engine)
+        engine = gitlab_database(url)
         yield engine, url
         engine.dispose()
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, delete, insert, select, text
 
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
@@ -29,7 +29,8 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .runner import op_metadata, run_job
+from .harness import gitlab_database
+from .runner import op_metadata, run_job, step_failure_message
 
 REPORT = "report_bulk_delete"
 WORKER = "delete_expired_artifacts_in_bucket"
@@ -568,15 +569,10 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 
 def test_missing_table_fails_naming_it(stack, redis_client, scratch_database):
-    engine = create_engine(scratch_database)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("DROP TABLE ci_deleted_objects"))
-    engine.dispose()
+    gitlab_database(scratch_database, "DROP TABLE ci_deleted_objects").dispose()
     result = run_job(schedule_bulk_delete_job_artifacts, stack, database_url=scratch_database, raise_on_error=False)
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error
-    assert "table ci_deleted_objects" in (failure.cause.message if failure.cause else failure.message)
+    assert "table ci_deleted_objects" in step_failure_message(result)
     assert redis_client.keys("*") == []
 
 

@@ -10,14 +10,15 @@ import redis
 from dagster import DagsterInstance
 from sqlalchemy import text, update
 
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.gitlab.sidekiq_status import status_key
 from ci_cleanup.resources import job_resources
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
-from .factories import S, ago, backend_waiting_on_lock, create, ids, row
+from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused
+from .harness import gitlab_database
 from .runner import failure_messages, op_metadata, run_job
 
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
@@ -329,19 +330,10 @@ def test_bad_row_is_reported_and_the_others_are_failed(stack, engine, redis_clie
     good_before = export_job(engine, "jid-a", STARTED)
     bad = export_job(engine, "jid-bad", STARTED)
     good_after = export_job(engine, "jid-b", QUEUED)
-    with engine.begin() as conn:  # failing `bad` is refused by the database, as a broken row would be
-        conn.execute(text(f"""
-            CREATE FUNCTION reject_fail() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {bad} AND NEW.status = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER reject_fail BEFORE UPDATE ON project_export_jobs FOR EACH ROW EXECUTE FUNCTION reject_fail();
-        """))
     bad_before = row(engine, "project_export_jobs", bad)
-    try:
+    # Failing `bad` is refused by the database, as a broken row would be.
+    with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
         result = run_job(stuck_export_jobs, stack)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER reject_fail ON project_export_jobs; DROP FUNCTION reject_fail()"))
 
     assert result.success
     assert_failed(engine, good_before)
@@ -386,13 +378,12 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 
 def test_missing_table_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
-    from sqlalchemy import create_engine
-
-    scratch = create_engine(scratch_database)
-    create_schema(scratch)
-    with scratch.begin() as conn:
-        conn.execute(text("DROP TABLE project_relation_exports"))
-        conn.execute(text("INSERT INTO project_export_jobs (id, project_id, status, jid, created_at, updated_at) VALUES (1, 1, 1, 'j', now(), now())"))
+    scratch = gitlab_database(
+        scratch_database,
+        "DROP TABLE project_relation_exports",
+        "INSERT INTO project_export_jobs (id, project_id, status, jid, created_at, updated_at) "
+        "VALUES (1, 1, 1, 'j', now(), now())",
+    )
 
     result = run_job(stuck_export_jobs, stack, database_url=scratch_database, raise_on_error=False)
 
