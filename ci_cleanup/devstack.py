@@ -4,7 +4,8 @@ Used when no URLs are configured, by ``ci-cleanup`` and by the tests. Both serve
 sockets only. :meth:`EmbeddedStack.stop` stops what this stack started (pgserver keeps PostgreSQL running
 past our process unless told to stop), so whoever starts the stack stops it; a second user of the same
 folder (any ``ci-cleanup`` command while ``ci-cleanup dev`` runs) shares the running servers and leaves
-them running.
+them running. The fault tests stop and start each server of their own stack (:meth:`EmbeddedStack.stop_postgres`,
+:meth:`~EmbeddedStack.start_redis`, …), which keeps its URLs.
 """
 
 from __future__ import annotations
