@@ -125,7 +125,8 @@ def backend_waiting_on_lock(engine: Engine, query_like: str = "%") -> int:
     while time.monotonic() < deadline:
         with engine.connect() as conn:  # a connection per look: pg_stat_activity is a snapshot per transaction
             pid = conn.scalar(text(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE :q LIMIT 1"
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE :q LIMIT 1"
             ), {"q": query_like})
         if pid:
             return pid

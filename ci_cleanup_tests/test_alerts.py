@@ -38,11 +38,15 @@ def test_a_failed_run_is_alerted_on_the_webhook(stack, redis_client, broken_data
 
     assert len(webhook) == 1
     alert = webhook[0]
-    assert (alert["alert"], alert["job"], alert["run_id"]) == ("run_failed", "drop_canceling_builds", context.dagster_run.run_id)
+    assert (alert["alert"], alert["job"], alert["run_id"]) == (
+        "run_failed", "drop_canceling_builds", context.dagster_run.run_id
+    )
     assert alert["text"].startswith(f"ci_cleanup: drop_canceling_builds run {context.dagster_run.run_id} failed")
 
 
-def test_three_failures_in_a_row_are_alerted_once_the_third_fails(stack, engine, redis_client, broken_database, webhook):
+def test_three_failures_in_a_row_are_alerted_once_the_third_fails(
+    stack, engine, redis_client, broken_database, webhook
+):
     instance = DagsterInstance.ephemeral()
     run_job(drop_canceling_builds, stack, instance=instance)  # a success first: it breaks any streak
     for _ in range(2):
@@ -187,7 +191,8 @@ def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, 
     (root / "evil").symlink_to(tmp_path)
     (tmp_path / "victim").write_bytes(b"zip")
     refused = create(
-        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, project_id=1, pick_up_at=ago(hours=1)
+        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, project_id=1,
+        pick_up_at=ago(hours=1),
     )
     instance = DagsterInstance.ephemeral()
     config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}
