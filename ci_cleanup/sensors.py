@@ -1,13 +1,18 @@
-"""The seeds' monitoring tables as Dagster sensors; each alert goes through :func:`send_alert`.
+"""Monitoring of the jobs as Dagster sensors; each alert goes through :func:`send_alert`.
 
-| seed row | here |
-|---|---|
-| run time over the lease TTL (000: 30 min, 003: 50 min, 004: 60 s) | ``dagster/max_runtime`` tag on the job + run monitoring in dagster.yaml fails the run, then ``run_failed_alert`` |
-| errors / repeated failures (001, 003; 004: 3 in a row) | ``run_failed_alert`` on every failure, ``repeated_failures_alert`` at 3 in a row |
-| MAX_DELETIONS reached every run (001) | ``max_deletions_backlog_alert`` |
-| (beyond the seeds) a lease that never expires, or a job skipped run after run | ``lease_held_alert`` |
-| (beyond the seeds) rows a green run stepped over (an error, a refused path) | ``rows_with_errors_alert`` |
-| (beyond the seeds) a run whose worker died unreported | ``dead_run_worker_check`` fails it; ``run_failed_alert`` |
+What GitLab's workers watch, and where it is watched here:
+
+- run time over the lease TTL (``Ci::StuckBuilds::DropCancelingWorker`` 30 min, ``Environments::AutoStopService``
+  50 min, ``Ci::BulkDeleteExpiredJobArtifactsWorker`` 60 s): the ``dagster/max_runtime`` tag on the job and run
+  monitoring in dagster.yaml fail the run, then ``run_failed_alert``;
+- errors and repeated failures (``Ci::Runners::StaleMachinesCleanupCronWorker``,
+  ``Environments::AutoStopCronWorker``; the artifacts workers: 3 in a row): ``run_failed_alert`` on every
+  failure, ``repeated_failures_alert`` at 3 in a row;
+- ``Ci::Runners::StaleManagersCleanupService::MAX_DELETIONS`` reached every run: ``max_deletions_backlog_alert``.
+
+Beyond what GitLab watches: a lease that never expires, or a job skipped run after run (``lease_held_alert``);
+rows a green run stepped over, an error or a refused path (``rows_with_errors_alert``); a run whose worker
+died unreported (``dead_run_worker_check`` fails it, then ``run_failed_alert``).
 
 Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
 """
@@ -35,8 +40,8 @@ from dagster._core.launcher import DefaultRunLauncher
 from .alerts import send_alert
 from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, ROWS_WITH_ERRORS_TAG, SKIPPED_TAG
 
-FAILURES_IN_A_ROW = 3  # seed 004: 連続3回失敗
-BACKLOG_RUNS = 3  # seed 001: 毎回MAX_DELETIONS到達 — three hourly runs in a row
+FAILURES_IN_A_ROW = 3  # failed runs in a row that raise an alert (the artifacts workers' threshold)
+BACKLOG_RUNS = 3  # hourly runs in a row that each reached MAX_DELETIONS: the backlog is growing
 SKIPPED_RUNS = 3  # runs in a row that did nothing because the lease was held
 INTERVAL_ENV = "CI_CLEANUP_SENSOR_INTERVAL_SECONDS"
 INTERVAL_SECONDS = int(os.environ.get(INTERVAL_ENV, "30"))
@@ -88,7 +93,8 @@ def max_deletions_backlog_alert(context: RunStatusSensorContext):
     if len(runs) == BACKLOG_RUNS and all(r.tags.get(MAX_DELETIONS_TAG) == "true" for r in runs):
         send_alert(
             "max_deletions_backlog",
-            f"ci_cleanup: {run.job_name} reached its deletion cap {BACKLOG_RUNS} runs in a row; a backlog is building up",
+            f"ci_cleanup: {run.job_name} reached its deletion cap {BACKLOG_RUNS} runs in a row; "
+            "a backlog is building up",
             job=run.job_name, run_ids=[r.run_id for r in runs],
         )
 

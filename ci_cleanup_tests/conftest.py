@@ -1,19 +1,23 @@
-"""Real PostgreSQL and Redis for every test: the embedded stack, started once per session and stopped after."""
+"""Real PostgreSQL and Redis for every test: the embedded stack, started once per session and stopped after;
+and a real HTTP receiver for the alerts."""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import shutil
 import tempfile
-import uuid
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+import redis
+from sqlalchemy import create_engine
 
-from ci_cleanup.devstack import EmbeddedStack
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all
+from ci_cleanup.alerts import WEBHOOK_ENV
+
+from .harness import gitlab_stack, reset, scratch_database_of
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +35,7 @@ def servers_dir():
 
 @pytest.fixture(scope="session")
 def stack(servers_dir):
-    with EmbeddedStack(servers_dir / "stack") as stack:
-        engine = create_engine(stack.url())
-        create_schema(engine)
-        engine.dispose()
+    with gitlab_stack(servers_dir / "stack") as stack:
         yield stack
 
 
@@ -48,34 +49,17 @@ def _engine(stack):
 @pytest.fixture
 def engine(_engine):
     """The GitLab database, emptied before the test."""
-    with _engine.begin() as conn:
-        truncate_all(conn, gitlab_schema())
+    reset(_engine)
     return _engine
 
 
 @pytest.fixture
 def redis_client(stack):
-    import redis
-
+    """The stack's Redis, every db flushed before the test."""
     client = redis.Redis.from_url(stack.redis_url)
     client.flushall()
     yield client
     client.close()
-
-
-@contextlib.contextmanager
-def scratch_database_of(stack):
-    """A database of its own on ``stack``, dropped afterwards; yields its URL."""
-    name = f"scratch_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield stack.url(name)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -83,3 +67,25 @@ def scratch_database(stack):
     """A database of its own, for tests that break or reshape the schema; returns its URL."""
     with scratch_database_of(stack) as url:
         yield url
+
+
+@pytest.fixture
+def webhook(monkeypatch):
+    """A local HTTP receiver; yields the list of JSON bodies it got."""
+    received = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{server.server_port}/hook")
+    yield received
+    server.shutdown()

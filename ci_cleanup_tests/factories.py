@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import itertools
@@ -24,6 +25,24 @@ def ago(**delta) -> dt.datetime:
 def naive_ago(**delta) -> dt.datetime:
     """The same, as GitLab stores it in a ``timestamp without time zone`` column."""
     return naive_utc(ago(**delta))
+
+
+@contextlib.contextmanager
+def updates_refused(engine: Engine, table: str, condition: str, message: str = "row is broken"):
+    """While open, PostgreSQL refuses an update of ``table`` whose new row meets ``condition`` (SQL on ``NEW``)
+    with ``message``, as it would a broken row's; the trigger is dropped afterwards."""
+    with engine.begin() as conn:
+        conn.execute(text(f"""
+            CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN
+              IF {condition} THEN RAISE EXCEPTION '{message}'; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION refuse_update();
+        """))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER refuse_update ON {table}; DROP FUNCTION refuse_update()"))
 
 
 # Builds and artifacts are spread over GitLab's partitions 100 (ci_builds / ci_job_artifacts), 101 and 102
@@ -106,7 +125,8 @@ def backend_waiting_on_lock(engine: Engine, query_like: str = "%") -> int:
     while time.monotonic() < deadline:
         with engine.connect() as conn:  # a connection per look: pg_stat_activity is a snapshot per transaction
             pid = conn.scalar(text(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE :q LIMIT 1"
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE :q LIMIT 1"
             ), {"q": query_like})
         if pid:
             return pid

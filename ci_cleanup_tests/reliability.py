@@ -35,9 +35,11 @@ from sqlalchemy.engine import Connection, Engine
 from ci_cleanup.batches import BY_NAME, Batch
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
 from ci_cleanup.gitlab.exclusive_lease import PREFIX as LEASE_PREFIX
-from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, truncate_all, utc_now
+from ci_cleanup.gitlab.schema import naive_utc, utc_now
+from ci_cleanup.resources import job_resources
 
 from .factories import TABLES
+from .harness import clean_env, reset
 from .runner import run_job
 
 BIN = Path(sys.executable).parent
@@ -182,7 +184,7 @@ class Scenario:
         raise NotImplementedError
 
     def reset_and_seed(self, engine: Engine, client, n: int) -> Seeded:
-        reset(engine, client)
+        reset(engine, client, also=("reliability_audit",))
         return self.seed_and_snapshot(engine, client, n)
 
     def seed_and_snapshot(self, engine: Engine, client, n: int) -> Seeded:
@@ -204,12 +206,6 @@ class Scenario:
                     if now.get(row_id) != before:
                         state.violations.append(f"{table} keeper {row_id} changed: {before} -> {now.get(row_id)}")
         return state
-
-
-def reset(engine: Engine, client) -> None:
-    client.flushdb()  # this Redis db only: other series use others
-    with engine.begin() as conn:
-        truncate_all(conn, gitlab_schema(), also=("reliability_audit",))
 
 
 def _sort(state: State, row_id: int, is_done: bool, is_untouched: bool, what: Any) -> None:
@@ -656,11 +652,6 @@ def fork_run(scenario: Scenario, stack, run_config: dict, parent_engines, *, lea
     return ForkedRun(process, receive)
 
 
-def clean_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CI_CLEANUP_", "DAGSTER_"))}
-    return {**env, **extra}
-
-
 @dataclass
 class CliRun:
     home: Path
@@ -812,11 +803,9 @@ def wait_for_lease_to_expire(client, key: str, ttl: int) -> float:
 # --------------------------------------------------------------------------- SIGKILL trials, one series per job
 
 def execute(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, *, raise_on_error: bool = True):
-    from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
-
     return scenario.job.execute_in_process(
         run_config=run_config,
-        resources={"gitlab_db": GitLabDatabase(url=db_url), "gitlab_redis": GitLabRedis(url=redis_url), "run_options": RunOptions()},
+        resources=job_resources(db_url, redis_url),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
-from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+from ci_cleanup.resources import job_resources
 
 
 def run_job(
@@ -14,15 +14,29 @@ def run_job(
 ) -> ExecuteInProcessResult:
     return job.execute_in_process(
         run_config=run_config or {},
-        resources={
-            "gitlab_db": GitLabDatabase(url=database_url or stack.url()),
-            "gitlab_redis": GitLabRedis(url=stack.redis_url),
-            "run_options": RunOptions(dry_run=dry_run),
-        },
+        resources=job_resources(database_url or stack.url(), stack.redis_url, dry_run=dry_run),
         instance=instance or DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
         tags=tags,
     )
+
+
+def failure_messages(result) -> str:
+    """Every error the run's events carry (a step failure, a resource that could not start), with causes."""
+    messages = []
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        while error is not None:
+            messages.append(error.message)
+            error = error.cause
+    return "\n".join(messages)
+
+
+def step_failure_message(result: ExecuteInProcessResult) -> str:
+    """The first failed step's error: its cause's message when it has one (the error Dagster wrapped)."""
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.step_failure_data.error
+    return error.cause.message if error.cause else error.message
 
 
 def op_metadata(result: ExecuteInProcessResult, op_name: str) -> dict:

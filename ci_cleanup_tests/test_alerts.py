@@ -1,53 +1,23 @@
-"""The seeds' monitoring tables as sensors, delivering to a real HTTP webhook on localhost."""
+"""The monitoring sensors, delivering to a real HTTP webhook on localhost."""
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from dagster import DagsterInstance, build_run_status_sensor_context
-from sqlalchemy import create_engine, text
 
-from ci_cleanup.alerts import WEBHOOK_ENV
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
-from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.sensors import repeated_failures_alert, run_failed_alert
 
+from .harness import gitlab_database
 from .runner import run_job
-
-
-@pytest.fixture
-def webhook(monkeypatch):
-    """A local HTTP receiver; yields the list of JSON bodies it got."""
-    received = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{server.server_port}/hook")
-    yield received
-    server.shutdown()
 
 
 @pytest.fixture
 def broken_database(scratch_database):
     """A GitLab database whose ci_builds lacks a column: every drop_canceling_builds run fails."""
-    engine = create_engine(scratch_database)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE p_ci_builds DROP COLUMN lock_version"))
-    engine.dispose()
+    gitlab_database(scratch_database, "ALTER TABLE p_ci_builds DROP COLUMN lock_version").dispose()
     return scratch_database
 
 
@@ -68,11 +38,15 @@ def test_a_failed_run_is_alerted_on_the_webhook(stack, redis_client, broken_data
 
     assert len(webhook) == 1
     alert = webhook[0]
-    assert (alert["alert"], alert["job"], alert["run_id"]) == ("run_failed", "drop_canceling_builds", context.dagster_run.run_id)
+    assert (alert["alert"], alert["job"], alert["run_id"]) == (
+        "run_failed", "drop_canceling_builds", context.dagster_run.run_id
+    )
     assert alert["text"].startswith(f"ci_cleanup: drop_canceling_builds run {context.dagster_run.run_id} failed")
 
 
-def test_three_failures_in_a_row_are_alerted_once_the_third_fails(stack, engine, redis_client, broken_database, webhook):
+def test_three_failures_in_a_row_are_alerted_once_the_third_fails(
+    stack, engine, redis_client, broken_database, webhook
+):
     instance = DagsterInstance.ephemeral()
     run_job(drop_canceling_builds, stack, instance=instance)  # a success first: it breaks any streak
     for _ in range(2):
@@ -217,7 +191,8 @@ def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, 
     (root / "evil").symlink_to(tmp_path)
     (tmp_path / "victim").write_bytes(b"zip")
     refused = create(
-        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, project_id=1, pick_up_at=ago(hours=1)
+        engine, "ci_deleted_objects", store_dir="evil", file="victim", file_store=1, project_id=1,
+        pick_up_at=ago(hours=1),
     )
     instance = DagsterInstance.ephemeral()
     config = {"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(root)}}}}

@@ -7,22 +7,23 @@ import datetime as dt
 import shutil
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from ci_cleanup.bench import launched, seed
 from ci_cleanup.bench.floor import FLOORS, connect
 from ci_cleanup.bench.jobs import BY_NAME
 from ci_cleanup.devstack import REPO_ROOT
 from ci_cleanup.gitlab import sidekiq_status
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
+
+from .harness import gitlab_database
 
 CANDIDATES = 300
 
 
 @pytest.fixture
 def bench_db(scratch_database, redis_client):
-    engine = create_engine(scratch_database)
-    create_schema(engine)
+    engine = gitlab_database(scratch_database)
     for table in seed.INSERTS:  # background rows the jobs must leave alone
         seed.insert(engine, table, 500)
     yield scratch_database, engine

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import redis
@@ -16,7 +15,8 @@ from ci_cleanup.cli import dagster_pg_url
 from ci_cleanup.demo import seed
 from ci_cleanup.devstack import EmbeddedStack
 
-from .test_code_location import WORK, _servers_of, clean_env
+from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
+from .test_code_location import WORK
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_a_command_run_beside_a_running_stack_leaves_its_servers_running(servers
         assert "already running" in done.stdout
         assert redis.Redis.from_url(running.redis_url).ping()
         assert tables_of(running.url())  # the command created the schema in the shared PostgreSQL, still up
-    assert _servers_of(data_dir) == []  # and the stack's owner stopped both
+    assert servers_of(data_dir) == []  # and the stack's owner stopped both
 
 
 def test_schema_create_with_only_the_database_url_creates_the_schema_there(servers_dir, scratch_database):
@@ -134,7 +134,8 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(se
 
     assert again.returncode == 1
     assert again.stderr.splitlines()[0] == (
-        f"ci-cleanup seed: The database at {where} holds GitLab data (p_ci_builds is not empty): refusing to write to it"
+        f"ci-cleanup seed: The database at {where} holds GitLab data (p_ci_builds is not empty): "
+        "refusing to write to it"
     )
     assert count(scratch_database, "p_ci_builds") == 220
     assert not (servers_dir / "seed").exists()
@@ -222,13 +223,7 @@ def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_de
 
 
 def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_database):
-    engine = create_engine(scratch_database)
-    from ci_cleanup.gitlab.schema import create_schema
-
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
-    engine.dispose()
+    gitlab_database(scratch_database, "ALTER TABLE ci_runner_machines DROP COLUMN contacted_at").dispose()
 
     done = cli("run", "stale_runner_machines_cleanup", data_dir=servers_dir / "mismatch",
                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
@@ -359,10 +354,8 @@ def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_i
     import signal
     import urllib.request
 
-    from .test_code_location import _free_port
-
     (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    port = _free_port()
+    port = free_port()
     bare = stack.url("dagster").replace("postgresql+psycopg2://", "postgresql://")
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(tmp_path / "unused"), "dev", "--port", str(port)],
@@ -371,15 +364,7 @@ def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_i
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None, process.stdout.read()[-3000:]
-                assert time.monotonic() < deadline, "the UI did not come up in 180 s"
-                time.sleep(1)
+        wait_for_ui(f"http://127.0.0.1:{port}", process)
         request = urllib.request.Request(  # reads the instance's run storage, in PostgreSQL
             f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{ runsOrError { __typename } }"}).encode(),
             headers={"Content-Type": "application/json"},

@@ -1,14 +1,13 @@
-"""The public contract (SPEC §1) and the ways a user starts things: the dagster CLI, ci-cleanup demo and dev."""
+"""The public contract (job and schedule names, crons in UTC) and the ways a user starts things: the dagster CLI,
+ci-cleanup demo and dev."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from sqlalchemy import create_engine, inspect, text
 from ci_cleanup import defs
 from ci_cleanup.batches import BATCHES
 from ci_cleanup.demo import seed
+
+from .harness import clean_env, free_port, servers_of, wait_for_ui
 
 BIN = Path(sys.executable).parent
 # The schedules the product contract names, with their crons; the registry may add others.
@@ -41,12 +42,6 @@ WORK = {
     "schedule_bulk_delete_job_artifacts": "SELECT count(*) FROM p_ci_job_artifacts",
     "delete_expired_artifact_files": "SELECT count(*) FROM ci_deleted_objects",
 }
-
-
-def clean_env(**extra) -> dict[str, str]:
-    """The process environment without any ci_cleanup or Dagster setting, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CI_CLEANUP_", "DAGSTER_"))}
-    return {**env, **extra}
 
 
 def test_every_schedule_of_the_contract_runs_its_job_on_its_cron_in_utc():
@@ -98,19 +93,6 @@ def test_dagster_job_execute_works_with_only_the_two_env_vars(stack, engine, red
         assert conn.scalar(text(WORK[job_name])) != before
 
 
-def _servers_of(data_dir: Path) -> list[psutil.Process]:
-    """PostgreSQL processes of the stack in ``data_dir``, and its Redis if its socket still answers."""
-    procs = [p for p in psutil.process_iter(["cmdline"]) if str(data_dir) in " ".join(p.info["cmdline"] or [])]
-    settings = data_dir / "redis" / "dump.rdb.settings"
-    if settings.exists():
-        try:
-            redis.Redis(unix_socket_path=json.loads(settings.read_text())["unixsocket"]).ping()
-            procs.append("redis")
-        except (redis.ConnectionError, FileNotFoundError):
-            pass
-    return procs
-
-
 def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(
     servers_dir, stack, scratch_database,
 ):
@@ -129,7 +111,7 @@ def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_o
             if not job.name.startswith("__"):
                 assert f"{job.name:40} ok" in done.stdout
         assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
-        assert _servers_of(data_dir) == []
+        assert servers_of(data_dir) == []
     assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in done.stdout
     assert "XDG_RUNTIME_DIR" not in done.stderr and "Traceback" not in done.stderr
 
@@ -155,7 +137,7 @@ def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_o
     for name, line in would.items():
         assert any(shown.startswith(line) for shown in printed[name]), (name, printed[name])
     assert "TableMetadataValue" not in dry.stdout
-    assert _servers_of(data_dir) == []
+    assert servers_of(data_dir) == []
     engine = create_engine(scratch_database)
     assert inspect(engine).get_table_names() == []
     engine.dispose()
@@ -163,29 +145,19 @@ def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_o
     configured_redis.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_everything(servers_dir):
-    data_dir, port = servers_dir / "dev", _free_port()
+    data_dir, port = servers_dir / "dev", free_port()
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None, process.stdout.read()[-3000:]
-                assert time.monotonic() < deadline, "the UI did not come up in 180 s"
-                time.sleep(1)
-        query = '{ schedulesOrError(repositorySelector: {repositoryName: "__repository__", repositoryLocationName: "ci_cleanup"}) { ... on Schedules { results { name cronSchedule executionTimezone } } } }'
+        wait_for_ui(f"http://127.0.0.1:{port}", process)
+        query = (
+            '{ schedulesOrError(repositorySelector: {repositoryName: "__repository__", '
+            'repositoryLocationName: "ci_cleanup"}) '
+            "{ ... on Schedules { results { name cronSchedule executionTimezone } } } }"
+        )
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
             headers={"Content-Type": "application/json"},
@@ -193,14 +165,16 @@ def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_ever
         listed = json.load(urllib.request.urlopen(request, timeout=30))["data"]["schedulesOrError"]["results"]
         shown = {s["name"]: (s["cronSchedule"], s["executionTimezone"]) for s in listed if s["name"] in SCHEDULES}
         assert shown == {name: (cron, "UTC") for name, (_, cron) in SCHEDULES.items()}
-        listening = {c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port}
+        listening = {
+            c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port
+        }
         assert listening == {"127.0.0.1"}
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, as in a terminal
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output[-3000:]
-    assert _servers_of(data_dir) == []
+    assert servers_of(data_dir) == []
 
 
 def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_path):

@@ -19,8 +19,7 @@ from ci_cleanup.devstack import REPO_ROOT
 from ci_cleanup.sensors import INTERVAL_ENV
 
 from .factories import ago, backend_waiting_on_lock, create, ids, naive_ago, row
-from .test_alerts import webhook  # noqa: F401 - the fixture
-from .test_code_location import clean_env
+from .harness import clean_env
 
 BIN = Path(sys.executable).parent
 
@@ -62,7 +61,8 @@ def test_daemon_launches_a_scheduled_run_that_drops_the_stuck_build(stack, engin
     finally:
         daemon.terminate()
         daemon.communicate(timeout=60)
-    assert (row(engine, "ci_builds", build_id).status, row(engine, "ci_builds", build_id).failure_reason) == ("failed", 3)
+    dropped = row(engine, "ci_builds", build_id)
+    assert (dropped.status, dropped.failure_reason) == ("failed", 3)
 
 
 def start_daemon(env: dict, log: Path) -> subprocess.Popen:

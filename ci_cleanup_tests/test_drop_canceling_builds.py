@@ -1,4 +1,5 @@
-"""Seed 000 / SPEC 4.1: builds stuck in canceling for over an hour are dropped, nothing else is touched."""
+"""``Ci::StuckBuilds::DropCancelingService``: builds stuck in canceling for over an hour are dropped,
+nothing else is touched."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from sqlalchemy import text, update
 from ci_cleanup.drop_canceling_builds import service
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY, drop_canceling_builds, drop_canceling_builds_schedule
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
-from .factories import S, create, ids, naive_ago, row
-from .runner import observed_per_batch, op_metadata, run_job
+from .factories import S, create, ids, naive_ago, row, updates_refused
+from .harness import gitlab_database
+from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
 LEASE = PREFIX + LEASE_KEY
 
@@ -195,18 +197,9 @@ def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
     good = outdated(engine)
     create(engine, "ci_running_builds", build_id=bad)
     create(engine, "ci_pending_builds", build_id=bad)
-    with engine.begin() as conn:  # the drop of `bad` fails in the database, as a broken row would
-        conn.execute(text(f"""
-            CREATE FUNCTION reject_drop() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {bad} AND NEW.failure_reason = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER reject_drop BEFORE UPDATE ON p_ci_builds FOR EACH ROW EXECUTE FUNCTION reject_drop();
-        """))
-    try:
+    # The drop of `bad` fails in the database, as a broken row would.
+    with updates_refused(engine, "p_ci_builds", f"NEW.id = {bad} AND NEW.failure_reason = 3"):
         result = run_job(drop_canceling_builds, stack)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER reject_drop ON p_ci_builds; DROP FUNCTION reject_drop()"))
 
     doomed = row(engine, "ci_builds", bad)
     assert (doomed.status, doomed.failure_reason, doomed.lock_version) == ("failed", 12, 1)
@@ -231,23 +224,18 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
 
 
 def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
-    from sqlalchemy import create_engine
-
-    scratch = create_engine(scratch_database)
-    create_schema(scratch)
-    with scratch.begin() as conn:
-        conn.execute(text("ALTER TABLE p_ci_builds DROP COLUMN lock_version"))
-        conn.execute(text("DROP TABLE ci_running_builds"))
-        conn.execute(text(
-            "INSERT INTO p_ci_builds (partition_id, project_id, type, status, created_at, updated_at) "
-            "VALUES (100, 1, 'Ci::Build', 'canceling', now() - interval '3 hours', now() - interval '3 hours')"
-        ))
+    scratch = gitlab_database(
+        scratch_database,
+        "ALTER TABLE p_ci_builds DROP COLUMN lock_version",
+        "DROP TABLE ci_running_builds",
+        "INSERT INTO p_ci_builds (partition_id, project_id, type, status, created_at, updated_at) "
+        "VALUES (100, 1, 'Ci::Build', 'canceling', now() - interval '3 hours', now() - interval '3 hours')",
+    )
 
     result = run_job(drop_canceling_builds, stack, database_url=scratch_database, raise_on_error=False)
 
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    message = failure.step_failure_data.error.cause.message if failure.step_failure_data.error.cause else failure.step_failure_data.error.message
+    message = step_failure_message(result)
     assert "column p_ci_builds.lock_version" in message and "table ci_running_builds" in message
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT status FROM p_ci_builds")).scalar_one() == "canceling"

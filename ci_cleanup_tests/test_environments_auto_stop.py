@@ -1,4 +1,5 @@
-"""Seed 003 / SPEC 4.4: environments past their auto-stop time are stopped as GitLab's StopService does."""
+"""``Environments::AutoStopService``: environments past their auto-stop time are stopped as
+``Environments::StopService`` does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from ci_cleanup.environments_auto_stop import service
 from ci_cleanup.environments_auto_stop.job import (
@@ -18,11 +19,11 @@ from ci_cleanup.environments_auto_stop.job import (
     environments_auto_stop_schedule,
 )
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
-from ci_cleanup.gitlab.schema import create_schema
 from ci_cleanup.runs import DRY_RUN_TAG
 
-from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row
-from .runner import observed_per_batch, op_metadata, run_job
+from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row, updates_refused
+from .harness import gitlab_database
+from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
 LEASE = PREFIX + LEASE_KEY
 CONFIG = "find_auto_stoppable_environments"
@@ -251,19 +252,10 @@ def test_environment_whose_stop_fails_is_reported_and_the_others_are_stopped(sta
     good_before = environment(engine)
     bad = environment(engine)
     good_after, good_stop = review_app(engine)
-    with engine.begin() as conn:  # stopping `bad` fails in the database, as a broken row would
-        conn.execute(text(f"""
-            CREATE FUNCTION reject_stop() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {bad} THEN RAISE EXCEPTION 'environment is broken'; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER reject_stop BEFORE UPDATE ON environments FOR EACH ROW EXECUTE FUNCTION reject_stop();
-        """))
     bad_row = row(engine, "environments", bad)
-    try:
+    # Stopping `bad` fails in the database, as a broken row would.
+    with updates_refused(engine, "environments", f"NEW.id = {bad}", "environment is broken"):
         result = run_job(environments_auto_stop, stack)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER reject_stop ON environments; DROP FUNCTION reject_stop()"))
 
     assert result.success
     assert row(engine, "environments", bad) == bad_row
@@ -368,22 +360,18 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 
 def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
-    scratch = create_engine(scratch_database)
-    create_schema(scratch)
-    with scratch.begin() as conn:
-        conn.execute(text("ALTER TABLE environments DROP COLUMN auto_stop_setting"))
-        conn.execute(text("DROP TABLE deployments"))
-        conn.execute(text(
-            "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at) "
-            "VALUES (1, 1, 'review/a', 'review-a', 'available', now() - interval '1 hour')"
-        ))
+    scratch = gitlab_database(
+        scratch_database,
+        "ALTER TABLE environments DROP COLUMN auto_stop_setting",
+        "DROP TABLE deployments",
+        "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at) "
+        "VALUES (1, 1, 'review/a', 'review-a', 'available', now() - interval '1 hour')",
+    )
 
     result = run_job(environments_auto_stop, stack, database_url=scratch_database, raise_on_error=False)
 
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    error = failure.step_failure_data.error
-    message = error.cause.message if error.cause else error.message
+    message = step_failure_message(result)
     assert "column environments.auto_stop_setting" in message and "table deployments" in message
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT state FROM environments")).scalar_one() == "available"

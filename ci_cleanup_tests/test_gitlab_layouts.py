@@ -16,7 +16,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_dele
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
-from .conftest import scratch_database_of
+from .harness import scratch_database_of
 from .factories import ago, create, naive_ago
 from .runner import op_metadata, run_job
 

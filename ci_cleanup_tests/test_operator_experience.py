@@ -29,7 +29,8 @@ def snapshot(engine, redis_client) -> dict:
     state = {}
     with engine.connect() as conn:
         for table in gitlab_schema().metadata.sorted_tables:
-            state[table.name] = conn.execute(text(f'SELECT md5(coalesce(string_agg(t::text, \',\' ORDER BY t.id), \'\')) FROM "{table.name}" t')).scalar()
+            digest = f"SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM \"{table.name}\" t"
+            state[table.name] = conn.execute(text(digest)).scalar()
     for key in redis_client.keys("*"):
         kind = redis_client.type(key)
         value = {b"string": redis_client.get, b"set": lambda k: sorted(redis_client.smembers(k)),

@@ -38,10 +38,8 @@ from ci_cleanup.sensors import run_failed_alert
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
 from .factories import ago, create, naive_ago
-from .test_code_location import clean_env
-from .test_alerts import webhook  # noqa: F401  (the fixture)
-from .test_reliability_faults import failure_messages
-from .runner import op_metadata, run_job
+from .harness import clean_env
+from .runner import failure_messages, op_metadata, run_job
 
 S, F, C = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED
 RUNS_ASSET = AssetKey(["dagster", "runs"])

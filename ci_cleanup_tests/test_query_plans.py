@@ -9,19 +9,20 @@ the table, not with the work.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.environments_auto_stop import service as auto_stop
-from ci_cleanup.gitlab.schema import gitlab_schema, truncate_all, utc_now
+from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stuck_export_jobs import service as stuck_exports
+
+from .harness import reset
 
 S = gitlab_schema()
 # The large tables and their partitions (ci_builds_101, instance_type_ci_runner_machines, …).
@@ -33,12 +34,10 @@ DEADLINE = stale_machines.stale_deadline(NOW)
 
 @pytest.fixture(scope="module")
 def seeded(_engine):
-    with _engine.begin() as conn:
-        truncate_all(conn, S)
+    reset(_engine)
     seed_scale(_engine, 0.02, log=lambda line: None)
     yield _engine
-    with _engine.begin() as conn:
-        truncate_all(conn, S)
+    reset(_engine)
 
 
 def first_ids(engine, query, n=100):

@@ -1,4 +1,4 @@
-"""Issue 9, first half: the five jobs (and delete_expired_artifact_files, issue 16) under concurrency,
+"""The five jobs (and delete_expired_artifact_files) under concurrency,
 SIGKILL at random points, and concurrent writers.
 
 - Concurrency: 2 runs through ``dagster job execute`` and 4 forked in-process runs started at once over
@@ -36,11 +36,11 @@ from .reliability import (
     fork_run,
     install_audit,
     remove_audit,
-    reset,
     start_cli,
     start_crash_series,
     start_writer,
 )
+from .harness import reset
 from .runner import op_metadata, run_job
 
 N_CONCURRENT = 2400  # candidates for runs started at once
@@ -126,7 +126,7 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
     stack, engine, redis_client, audit, tmp_path, group
 ):
     """``dagster job execute`` processes at once: two per job, the five seeds' jobs side by side (ten processes)."""
-    reset(engine, redis_client)
+    reset(engine, redis_client, also=("reliability_audit",))
     seeded = {name: SCENARIOS[name].seed_and_snapshot(engine, redis_client, N_CONCURRENT) for name in group}
     watches = {name: LeaseWatch(stack.redis_url, SCENARIOS[name].lease) for name in group if SCENARIOS[name].lease}
     for watch in watches.values():

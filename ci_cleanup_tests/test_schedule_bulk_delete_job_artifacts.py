@@ -1,4 +1,5 @@
-"""Seed 004 / SPEC 4.5: expired, unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and ``Ci::BulkDeleteExpiredJobArtifactsWorker``: expired,
+unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sqlalchemy import create_engine, delete, insert, select, text
 
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
@@ -28,7 +29,8 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .runner import op_metadata, run_job
+from .harness import gitlab_database
+from .runner import op_metadata, run_job, step_failure_message
 
 REPORT = "report_bulk_delete"
 WORKER = "delete_expired_artifacts_in_bucket"
@@ -376,7 +378,8 @@ def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engin
 
 def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_more(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
-    made = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    for p in range(1, 6):
+        artifact(engine, bucket=0, project_id=p * 5)
     redis_client.sadd(AVAILABLE_KEY, "0")
 
     def turn_off(bucket, batch):
@@ -566,15 +569,10 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 
 def test_missing_table_fails_naming_it(stack, redis_client, scratch_database):
-    engine = create_engine(scratch_database)
-    create_schema(engine)
-    with engine.begin() as conn:
-        conn.execute(text("DROP TABLE ci_deleted_objects"))
-    engine.dispose()
+    gitlab_database(scratch_database, "DROP TABLE ci_deleted_objects").dispose()
     result = run_job(schedule_bulk_delete_job_artifacts, stack, database_url=scratch_database, raise_on_error=False)
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error
-    assert "table ci_deleted_objects" in (failure.cause.message if failure.cause else failure.message)
+    assert "table ci_deleted_objects" in step_failure_message(result)
     assert redis_client.keys("*") == []
 
 

@@ -1,4 +1,5 @@
-"""Seed 001 / SPEC 4.2: runner machines created and last contacted 7 days ago or more are deleted, 100 at a time, 1000 a run."""
+"""``Ci::Runners::StaleManagersCleanupService``: runner machines created and last contacted 7 days ago or more
+are deleted, 100 at a time, 1000 a run."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import threading
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import insert, text
 
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.stale_runner_machines_cleanup import service
 from ci_cleanup.stale_runner_machines_cleanup.job import (
@@ -18,7 +19,8 @@ from ci_cleanup.stale_runner_machines_cleanup.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .runner import observed_per_batch, op_metadata, run_job
+from .harness import gitlab_database
+from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
 NOW = dt.datetime(2024, 5, 6, 12, 0, tzinfo=dt.timezone.utc)
 WEEK = dt.timedelta(days=7)
@@ -228,23 +230,19 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
 
 
 def test_missing_column_fails_clearly_and_deletes_nothing(stack, scratch_database, redis_client):
-    scratch = create_engine(scratch_database)
-    create_schema(scratch)
-    with scratch.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at) "
-            "VALUES (1, 'x', 1, now() - interval '30 days', now() - interval '30 days')"
-        ))
+    scratch = gitlab_database(
+        scratch_database,
+        "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at) "
+        "VALUES (1, 'x', 1, now() - interval '30 days', now() - interval '30 days')",
         # GitLab's sync trigger copies contacted_at into ci_runner_machines_archived: it goes with the column.
-        conn.execute(text("DROP TRIGGER table_sync_trigger_bc3e7b56bd ON ci_runner_machines"))
-        conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
+        "DROP TRIGGER table_sync_trigger_bc3e7b56bd ON ci_runner_machines",
+        "ALTER TABLE ci_runner_machines DROP COLUMN contacted_at",
+    )
 
     result = run_job(stale_runner_machines_cleanup, stack, database_url=scratch_database, raise_on_error=False)
 
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    error = failure.step_failure_data.error
-    assert "column ci_runner_machines.contacted_at" in (error.cause.message if error.cause else error.message)
+    assert "column ci_runner_machines.contacted_at" in step_failure_message(result)
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM ci_runner_machines")).scalar_one() == 1
     scratch.dispose()

@@ -1,4 +1,4 @@
-"""Seed 002 / SPEC 4.3: export jobs whose Sidekiq job is gone are failed; everything else is left as it is."""
+"""``StuckExportJobsWorker``: export jobs whose Sidekiq job is gone are failed; everything else is left as is."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import redis
 from dagster import DagsterInstance
 from sqlalchemy import text, update
 
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.gitlab.sidekiq_status import status_key
-from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+from ci_cleanup.resources import job_resources
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
-from .factories import S, ago, backend_waiting_on_lock, create, ids, row
-from .runner import op_metadata, run_job
+from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused
+from .harness import gitlab_database
+from .runner import failure_messages, op_metadata, run_job
 
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
 REPORT = "report_stuck_export_jobs"
@@ -44,26 +45,11 @@ def assert_failed(engine, job_id: int) -> None:
 
 def run_with_redis(stack, redis_url: str, queues_url: str | None = None, **kwargs):
     return stuck_export_jobs.execute_in_process(
-        resources={
-            "gitlab_db": GitLabDatabase(url=stack.url()),
-            "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),
-            "run_options": RunOptions(),
-        },
+        resources=job_resources(stack.url(), redis_url, queues_url=queues_url),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=False,
         **kwargs,
     )
-
-
-def failure_message(result) -> str:
-    """Every error the run's events carry (a step failure, or a resource that could not start), causes included."""
-    messages = []
-    for event in result.all_events:
-        error = getattr(event.event_specific_data, "error", None)
-        while error is not None:
-            messages.append(error.message)
-            error = error.cause
-    return "\n".join(messages)
 
 
 def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, redis_client):
@@ -319,13 +305,13 @@ def test_unreachable_redis_fails_the_run_naming_redis_and_changes_nothing(stack,
     result = run_with_redis(stack, stack.redis_url, queues_url=f"unix://{tmp_path}/no-redis.sock")
 
     assert not result.success
-    assert "Sidekiq's Redis (CI_CLEANUP_REDIS_QUEUES_URL)" in failure_message(result)
+    assert "Sidekiq's Redis (CI_CLEANUP_REDIS_QUEUES_URL)" in failure_messages(result)
     assert row(engine, "project_export_jobs", job_id) == before
 
     result = run_with_redis(stack, f"unix://{tmp_path}/no-redis.sock")
 
     assert not result.success
-    assert "Cannot reach Redis" in failure_message(result)
+    assert "Cannot reach Redis" in failure_messages(result)
     assert row(engine, "project_export_jobs", job_id) == before
 
 
@@ -344,19 +330,10 @@ def test_bad_row_is_reported_and_the_others_are_failed(stack, engine, redis_clie
     good_before = export_job(engine, "jid-a", STARTED)
     bad = export_job(engine, "jid-bad", STARTED)
     good_after = export_job(engine, "jid-b", QUEUED)
-    with engine.begin() as conn:  # failing `bad` is refused by the database, as a broken row would be
-        conn.execute(text(f"""
-            CREATE FUNCTION reject_fail() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {bad} AND NEW.status = 3 THEN RAISE EXCEPTION 'row is broken'; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER reject_fail BEFORE UPDATE ON project_export_jobs FOR EACH ROW EXECUTE FUNCTION reject_fail();
-        """))
     bad_before = row(engine, "project_export_jobs", bad)
-    try:
+    # Failing `bad` is refused by the database, as a broken row would be.
+    with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
         result = run_job(stuck_export_jobs, stack)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER reject_fail ON project_export_jobs; DROP FUNCTION reject_fail()"))
 
     assert result.success
     assert_failed(engine, good_before)
@@ -401,18 +378,17 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 
 
 def test_missing_table_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
-    from sqlalchemy import create_engine
-
-    scratch = create_engine(scratch_database)
-    create_schema(scratch)
-    with scratch.begin() as conn:
-        conn.execute(text("DROP TABLE project_relation_exports"))
-        conn.execute(text("INSERT INTO project_export_jobs (id, project_id, status, jid, created_at, updated_at) VALUES (1, 1, 1, 'j', now(), now())"))
+    scratch = gitlab_database(
+        scratch_database,
+        "DROP TABLE project_relation_exports",
+        "INSERT INTO project_export_jobs (id, project_id, status, jid, created_at, updated_at) "
+        "VALUES (1, 1, 1, 'j', now(), now())",
+    )
 
     result = run_job(stuck_export_jobs, stack, database_url=scratch_database, raise_on_error=False)
 
     assert not result.success
-    assert "table project_relation_exports" in failure_message(result)
+    assert "table project_relation_exports" in failure_messages(result)
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT status FROM project_export_jobs")).scalar_one() == STARTED
     scratch.dispose()

@@ -8,13 +8,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .test_code_location import SCHEDULES, _free_port, _servers_of, clean_env
+from .harness import clean_env, free_port, servers_of, wait_for_ui
+from .test_code_location import SCHEDULES
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -33,25 +32,20 @@ if not os.path.exists(CHROMIUM):
 @pytest.fixture(scope="module")
 def dev_ui(servers_dir):
     """`ci-cleanup dev` on a seeded embedded stack; yields the UI's base URL, then stops it as Ctrl-C would."""
-    data_dir, port = servers_dir / "ui" / "dev", _free_port()
-    subprocess.run([BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True)
+    data_dir, port = servers_dir / "ui" / "dev", free_port()
+    subprocess.run(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True
+    )
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(base + "/server_info", timeout=2)
-            break
-        except OSError:
-            assert process.poll() is None and time.monotonic() < deadline, "the UI did not come up"
-            time.sleep(1)
+    wait_for_ui(base, process)
     yield base
     os.killpg(process.pid, signal.SIGINT)
     process.communicate(timeout=60)
-    assert _servers_of(data_dir) == []
+    assert servers_of(data_dir) == []
 
 
 @pytest.fixture

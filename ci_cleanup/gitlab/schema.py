@@ -76,8 +76,177 @@ class SchemaMismatch(RuntimeError):
     """The database lacks a table or column a batch needs (we never create them there)."""
 
 
+# Declared under the names GitLab ships today (partitioned builds and artifacts); :func:`gitlab_schema` gives
+# the same tables under the flat names of GitLab before partitioning.
+metadata = MetaData()
+
+ci_builds = Table(
+    "p_ci_builds",
+    metadata,
+    Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger (ci_builds_id_seq)
+    Column("partition_id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
+    Column("commit_id", BigInteger),  # the pipeline
+    Column("name", String),
+    Column("type", String),
+    Column("status", String),
+    Column("failure_reason", Integer),
+    Column("runner_id", BigInteger),
+    Column("user_id", BigInteger),
+    Column("lock_version", Integer, server_default=text("0")),  # NOT NULL by CHECK constraint
+    Column("created_at", TIMESTAMP),
+    Column("updated_at", TIMESTAMP),
+    Column("started_at", TIMESTAMP),
+    Column("queued_at", TIMESTAMP),
+    Column("finished_at", TIMESTAMP),
+    Column("scheduled_at", TIMESTAMPTZ),
+    Column("when", String),
+    Column("ref", String),
+    Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
+)
+ci_pending_builds = Table(
+    "ci_pending_builds",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("build_id", BigInteger, nullable=False),  # unique
+    Column("project_id", BigInteger, nullable=False),
+    Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+    Column("partition_id", BigInteger, nullable=False),  # the build's; no default
+)
+ci_running_builds = Table(
+    "ci_running_builds",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("build_id", BigInteger, nullable=False),  # unique
+    Column("project_id", BigInteger, nullable=False),
+    Column("runner_id", BigInteger, nullable=False),
+    Column("runner_type", SmallInteger, nullable=False),
+    Column("partition_id", BigInteger, nullable=False),
+    Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+)
+# LIST-partitioned by runner_type; a trigger mirrors every change into ci_runner_machines_archived.
+ci_runner_machines = Table(
+    "ci_runner_machines",
+    metadata,
+    Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger
+    Column("runner_type", SmallInteger, primary_key=True),
+    Column("runner_id", BigInteger, nullable=False),
+    Column("sharding_key_id", BigInteger),  # NULL exactly for instance runners (CHECK per partition)
+    Column("system_xid", Text, nullable=False),
+    Column("creation_state", SmallInteger, nullable=False, server_default=text("0")),
+    Column("created_at", TIMESTAMPTZ, nullable=False),
+    Column("updated_at", TIMESTAMPTZ, nullable=False),
+    Column("contacted_at", TIMESTAMPTZ),
+)
+project_export_jobs = Table(
+    "project_export_jobs",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger, nullable=False),
+    Column("status", SmallInteger, nullable=False, server_default=text("0")),
+    Column("jid", String(100), nullable=False),  # unique
+    Column("user_id", BigInteger),
+    Column("created_at", TIMESTAMPTZ, nullable=False),
+    Column("updated_at", TIMESTAMPTZ, nullable=False),
+)
+project_relation_exports = Table(
+    "project_relation_exports",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("project_export_job_id", BigInteger, nullable=False),
+    Column("project_id", BigInteger),  # filled from the export job by GitLab's trigger
+    Column("relation", Text, nullable=False),
+    Column("status", SmallInteger, nullable=False, server_default=text("0")),
+    Column("jid", Text),
+    Column("export_error", Text),
+    Column("created_at", TIMESTAMPTZ, nullable=False),
+    Column("updated_at", TIMESTAMPTZ, nullable=False),
+)
+environments = Table(
+    "environments",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger, nullable=False),
+    Column("name", String, nullable=False),  # unique per project
+    Column("slug", String, nullable=False),  # unique per project
+    Column("state", String, nullable=False, server_default=text("'available'")),
+    Column("auto_stop_at", TIMESTAMPTZ),
+    Column("auto_delete_at", TIMESTAMPTZ),
+    Column("auto_stop_setting", SmallInteger, nullable=False, server_default=text("0")),
+    Column("created_at", TIMESTAMP),
+    Column("updated_at", TIMESTAMP),
+)
+deployments = Table(
+    "deployments",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("iid", Integer, nullable=False),  # unique per project
+    Column("project_id", BigInteger, nullable=False),
+    Column("environment_id", BigInteger, nullable=False),
+    Column("ref", String, nullable=False),
+    Column("tag", Boolean, nullable=False),
+    Column("sha", String, nullable=False),
+    Column("status", SmallInteger, nullable=False),
+    Column("deployable_type", String),
+    Column("deployable_id", BigInteger),
+    Column("on_stop", String),
+    Column("user_id", BigInteger),
+    Column("created_at", TIMESTAMP),
+    Column("updated_at", TIMESTAMP),
+    Column("finished_at", TIMESTAMPTZ),
+)
+ci_job_artifacts = Table(
+    "p_ci_job_artifacts",
+    metadata,
+    Column("id", BigInteger, FetchedValue(), primary_key=True),  # by GitLab's trigger (ci_job_artifacts_id_seq)
+    Column("partition_id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),  # unique with file_type and partition_id
+    Column("file_type", Integer, nullable=False),
+    Column("size", BigInteger),
+    Column("file", String),
+    Column("file_store", Integer, server_default=text("1")),  # NOT NULL by CHECK constraint
+    Column("file_final_path", Text),
+    Column("expire_at", TIMESTAMPTZ),
+    Column("locked", SmallInteger, server_default=text("2")),
+    Column("created_at", TIMESTAMPTZ, nullable=False),
+    Column("updated_at", TIMESTAMPTZ, nullable=False),
+)
+ci_deleted_objects = Table(
+    "ci_deleted_objects",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("file_store", SmallInteger, nullable=False, server_default=text("1")),
+    Column("pick_up_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+    Column("store_dir", Text, nullable=False),
+    Column("file", Text, nullable=False),
+    Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
+    Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+)
+features = Table(
+    "features",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("key", String, nullable=False),
+    Column("created_at", TIMESTAMP, nullable=False),
+    Column("updated_at", TIMESTAMP, nullable=False),
+)
+feature_gates = Table(
+    "feature_gates",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("feature_key", String, nullable=False),
+    Column("key", String, nullable=False),
+    Column("value", String),
+    Column("created_at", TIMESTAMP, nullable=False),
+    Column("updated_at", TIMESTAMP, nullable=False),
+)
+
+
 @dataclass(frozen=True)
 class GitLabSchema:
+    """The tables as one database has them: builds and artifacts under its names, every other table as declared."""
+
     metadata: MetaData
     ci_builds: Table
     ci_pending_builds: Table
@@ -94,186 +263,23 @@ class GitLabSchema:
 
 
 @functools.cache
-def gitlab_schema(builds_table: str = "p_ci_builds", job_artifacts_table: str = "p_ci_job_artifacts") -> GitLabSchema:
-    """The tables, with builds and artifacts under the names given (:func:`detect_tables` finds them)."""
-    md = MetaData()
+def gitlab_schema(builds_table: str = ci_builds.name, job_artifacts_table: str = ci_job_artifacts.name) -> GitLabSchema:
+    """The tables, with builds and artifacts under the names given (:func:`detect_tables` finds them).
 
-    ci_builds = Table(
-        builds_table,
-        md,
-        Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger (ci_builds_id_seq)
-        Column("partition_id", BigInteger, primary_key=True),
-        Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
-        Column("commit_id", BigInteger),  # the pipeline
-        Column("name", String),
-        Column("type", String),
-        Column("status", String),
-        Column("failure_reason", Integer),
-        Column("runner_id", BigInteger),
-        Column("user_id", BigInteger),
-        Column("lock_version", Integer, server_default=text("0")),  # NOT NULL by CHECK constraint
-        Column("created_at", TIMESTAMP),
-        Column("updated_at", TIMESTAMP),
-        Column("started_at", TIMESTAMP),
-        Column("queued_at", TIMESTAMP),
-        Column("finished_at", TIMESTAMP),
-        Column("scheduled_at", TIMESTAMPTZ),
-        Column("when", String),
-        Column("ref", String),
-        Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
-    )
-    ci_pending_builds = Table(
-        "ci_pending_builds",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("build_id", BigInteger, nullable=False),  # unique
-        Column("project_id", BigInteger, nullable=False),
-        Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
-        Column("partition_id", BigInteger, nullable=False),  # the build's; no default
-    )
-    ci_running_builds = Table(
-        "ci_running_builds",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("build_id", BigInteger, nullable=False),  # unique
-        Column("project_id", BigInteger, nullable=False),
-        Column("runner_id", BigInteger, nullable=False),
-        Column("runner_type", SmallInteger, nullable=False),
-        Column("partition_id", BigInteger, nullable=False),
-        Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
-    )
-    # LIST-partitioned by runner_type; a trigger mirrors every change into ci_runner_machines_archived.
-    ci_runner_machines = Table(
-        "ci_runner_machines",
-        md,
-        Column("id", BigInteger, FetchedValue(), primary_key=True),  # assigned by GitLab's trigger
-        Column("runner_type", SmallInteger, primary_key=True),
-        Column("runner_id", BigInteger, nullable=False),
-        Column("sharding_key_id", BigInteger),  # NULL exactly for instance runners (CHECK per partition)
-        Column("system_xid", Text, nullable=False),
-        Column("creation_state", SmallInteger, nullable=False, server_default=text("0")),
-        Column("created_at", TIMESTAMPTZ, nullable=False),
-        Column("updated_at", TIMESTAMPTZ, nullable=False),
-        Column("contacted_at", TIMESTAMPTZ),
-    )
-    project_export_jobs = Table(
-        "project_export_jobs",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("project_id", BigInteger, nullable=False),
-        Column("status", SmallInteger, nullable=False, server_default=text("0")),
-        Column("jid", String(100), nullable=False),  # unique
-        Column("user_id", BigInteger),
-        Column("created_at", TIMESTAMPTZ, nullable=False),
-        Column("updated_at", TIMESTAMPTZ, nullable=False),
-    )
-    project_relation_exports = Table(
-        "project_relation_exports",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("project_export_job_id", BigInteger, nullable=False),
-        Column("project_id", BigInteger),  # filled from the export job by GitLab's trigger
-        Column("relation", Text, nullable=False),
-        Column("status", SmallInteger, nullable=False, server_default=text("0")),
-        Column("jid", Text),
-        Column("export_error", Text),
-        Column("created_at", TIMESTAMPTZ, nullable=False),
-        Column("updated_at", TIMESTAMPTZ, nullable=False),
-    )
-    environments = Table(
-        "environments",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("project_id", BigInteger, nullable=False),
-        Column("name", String, nullable=False),  # unique per project
-        Column("slug", String, nullable=False),  # unique per project
-        Column("state", String, nullable=False, server_default=text("'available'")),
-        Column("auto_stop_at", TIMESTAMPTZ),
-        Column("auto_delete_at", TIMESTAMPTZ),
-        Column("auto_stop_setting", SmallInteger, nullable=False, server_default=text("0")),
-        Column("created_at", TIMESTAMP),
-        Column("updated_at", TIMESTAMP),
-    )
-    deployments = Table(
-        "deployments",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("iid", Integer, nullable=False),  # unique per project
-        Column("project_id", BigInteger, nullable=False),
-        Column("environment_id", BigInteger, nullable=False),
-        Column("ref", String, nullable=False),
-        Column("tag", Boolean, nullable=False),
-        Column("sha", String, nullable=False),
-        Column("status", SmallInteger, nullable=False),
-        Column("deployable_type", String),
-        Column("deployable_id", BigInteger),
-        Column("on_stop", String),
-        Column("user_id", BigInteger),
-        Column("created_at", TIMESTAMP),
-        Column("updated_at", TIMESTAMP),
-        Column("finished_at", TIMESTAMPTZ),
-    )
-    ci_job_artifacts = Table(
-        job_artifacts_table,
-        md,
-        Column("id", BigInteger, FetchedValue(), primary_key=True),  # by GitLab's trigger (ci_job_artifacts_id_seq)
-        Column("partition_id", BigInteger, primary_key=True),
-        Column("project_id", BigInteger, nullable=False),
-        Column("job_id", BigInteger, nullable=False),  # unique with file_type and partition_id
-        Column("file_type", Integer, nullable=False),
-        Column("size", BigInteger),
-        Column("file", String),
-        Column("file_store", Integer, server_default=text("1")),  # NOT NULL by CHECK constraint
-        Column("file_final_path", Text),
-        Column("expire_at", TIMESTAMPTZ),
-        Column("locked", SmallInteger, server_default=text("2")),
-        Column("created_at", TIMESTAMPTZ, nullable=False),
-        Column("updated_at", TIMESTAMPTZ, nullable=False),
-    )
-    ci_deleted_objects = Table(
-        "ci_deleted_objects",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("file_store", SmallInteger, nullable=False, server_default=text("1")),
-        Column("pick_up_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
-        Column("store_dir", Text, nullable=False),
-        Column("file", Text, nullable=False),
-        Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
-        Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
-    )
-    features = Table(
-        "features",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("key", String, nullable=False),
-        Column("created_at", TIMESTAMP, nullable=False),
-        Column("updated_at", TIMESTAMP, nullable=False),
-    )
-    feature_gates = Table(
-        "feature_gates",
-        md,
-        Column("id", BigInteger, primary_key=True),
-        Column("feature_key", String, nullable=False),
-        Column("key", String, nullable=False),
-        Column("value", String),
-        Column("created_at", TIMESTAMP, nullable=False),
-        Column("updated_at", TIMESTAMP, nullable=False),
-    )
-
+    Other names than the declared ones get a copy of every table in a MetaData of their own, so that
+    ``metadata.sorted_tables`` is exactly the database's tables.
+    """
+    names = {ci_builds.name: builds_table, ci_job_artifacts.name: job_artifacts_table}
+    md = metadata
+    if any(declared != name for declared, name in names.items()):
+        md = MetaData()
+        for table in metadata.sorted_tables:
+            table.to_metadata(md, name=names.get(table.name, table.name))
     return GitLabSchema(
         metadata=md,
-        ci_builds=ci_builds,
-        ci_pending_builds=ci_pending_builds,
-        ci_running_builds=ci_running_builds,
-        ci_runner_machines=ci_runner_machines,
-        project_export_jobs=project_export_jobs,
-        project_relation_exports=project_relation_exports,
-        environments=environments,
-        deployments=deployments,
-        ci_job_artifacts=ci_job_artifacts,
-        ci_deleted_objects=ci_deleted_objects,
-        features=features,
-        feature_gates=feature_gates,
+        ci_builds=md.tables[builds_table],
+        ci_job_artifacts=md.tables[job_artifacts_table],
+        **{name: md.tables[name] for name in metadata.tables if name not in names},
     )
 
 
@@ -323,7 +329,8 @@ def ddl(layout: str = PARTITIONED) -> list[str]:
     if layout != PARTITIONED:
         raise ValueError(f"layout must be {PARTITIONED!r} or {FLAT!r}, not {layout!r}")
     return statements + [
-        f"CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.{name}_{value} PARTITION OF {parent} FOR VALUES IN ({value});"
+        f"CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.{name}_{value} "
+        f"PARTITION OF {parent} FOR VALUES IN ({value});"
         for parent, (name, values) in DYNAMIC_PARTITIONS.items()
         for value in values
     ]
@@ -345,7 +352,9 @@ def truncate_all(conn: Connection, schema: GitLabSchema, also: tuple[str, ...] =
     conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
 
 
-def detect_tables(conn: Connection, builds_table: str | None = None, job_artifacts_table: str | None = None) -> GitLabSchema:
+def detect_tables(
+    conn: Connection, builds_table: str | None = None, job_artifacts_table: str | None = None
+) -> GitLabSchema:
     """The schema with GitLab's builds and artifacts tables as this database has them.
 
     ``p_ci_builds`` / ``p_ci_job_artifacts`` when they exist (every partition is reached through them),
@@ -390,9 +399,8 @@ def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
                 problems.append(f"column {table.name}.{column.name} is missing")
             elif _family(present[column.name]) != _family(column.type):
                 found = present[column.name].compile(dialect=conn.dialect)
-                problems.append(
-                    f"column {table.name}.{column.name} is {found}, expected {column.type.compile(dialect=conn.dialect)}"
-                )
+                expected = column.type.compile(dialect=conn.dialect)
+                problems.append(f"column {table.name}.{column.name} is {found}, expected {expected}")
     if problems:
         raise SchemaMismatch(
             "The database does not have what this job needs (ci_cleanup never creates or alters tables in it): "
