@@ -61,7 +61,7 @@ def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetim
     """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year."""
     conn.execute(text("""
         INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at, contacted_at)
-        SELECT 1 + g % 200000, md5(random()::text), 1 + g % 3, CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
+        SELECT 1 + g % 200000, md5(gen_random_uuid()::text), 1 + g % 3, CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
                created, coalesce(contacted, created), contacted
         FROM generate_series(1, :n) g,
         LATERAL (SELECT CASE WHEN g % :every = 0 THEN :now - make_interval(days => 8 + g % 400)
@@ -78,7 +78,7 @@ def insert_export_jobs(conn: Connection, n: int, every: int, now: dt.datetime) -
     conn.execute(text("""
         INSERT INTO project_export_jobs (project_id, status, jid, user_id, created_at, updated_at)
         SELECT 1 + g % 50000, CASE WHEN g % :every = 0 THEN g % 2 WHEN g % 10 < 8 THEN 2 ELSE 3 END,
-               md5(random()::text), 1 + g % 100000, t, t
+               md5(gen_random_uuid()::text), 1 + g % 100000, t, t
         FROM generate_series(1, :n) g, LATERAL (SELECT :now - make_interval(secs => 3600 + g % 31536000) AS t) x
     """), {"n": n, "every": every, "now": now})
 
