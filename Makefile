@@ -30,6 +30,7 @@ dev: $(VENV)/.installed
 	$(BIN)/ci-cleanup dev $(ARGS)
 
 test: $(VENV)/.installed
+	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
 
 # The virtualenv and build leftovers; the dev stack's data (.ci_cleanup_dev/) is kept.

@@ -17,13 +17,18 @@ from dagster import JobDefinition, ScheduleDefinition
 from sqlalchemy.engine import Connection
 
 from .batch import Lease
-from .drop_canceling_builds import demo as drop_demo, job as drop_job
-from .environments_auto_stop import demo as stop_demo, job as stop_job
+from .drop_canceling_builds import demo as drop_demo
+from .drop_canceling_builds import job as drop_job
+from .environments_auto_stop import demo as stop_demo
+from .environments_auto_stop import job as stop_job
 from .gitlab.schema import GitLabSchema
 from .prune_dagster_history import job as prune_job
-from .schedule_bulk_delete_job_artifacts import demo as artifacts_demo, job as artifacts_job
-from .stale_runner_machines_cleanup import demo as stale_demo, job as stale_job
-from .stuck_export_jobs import demo as export_demo, job as export_job
+from .schedule_bulk_delete_job_artifacts import demo as artifacts_demo
+from .schedule_bulk_delete_job_artifacts import job as artifacts_job
+from .stale_runner_machines_cleanup import demo as stale_demo
+from .stale_runner_machines_cleanup import job as stale_job
+from .stuck_export_jobs import demo as export_demo
+from .stuck_export_jobs import job as export_job
 
 Seeder = Callable[[Connection, redis.Redis, GitLabSchema, random.Random, dt.datetime], None]
 

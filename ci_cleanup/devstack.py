@@ -35,7 +35,7 @@ class EmbeddedStack:
         self.redis_socket: str | None = None
         self.already_running = False
 
-    def start(self) -> "EmbeddedStack":
+    def start(self) -> EmbeddedStack:
         with warnings.catch_warnings():
             # pgserver asks platformdirs for a runtime folder at import; without a login session there is
             # no XDG_RUNTIME_DIR and platformdirs warns on every command (it falls back to /tmp, as we want).
@@ -141,7 +141,7 @@ class EmbeddedStack:
             self._pg.cleanup()
             self._pg = None
 
-    def __enter__(self) -> "EmbeddedStack":
+    def __enter__(self) -> EmbeddedStack:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -117,7 +117,7 @@ class BatchObserver:
         observe(self.context, self.asset, metadata)
         self.per_batch, self.rows, self.last = [], [], self.clock()
 
-    def __enter__(self) -> "BatchObserver":
+    def __enter__(self) -> BatchObserver:
         return self
 
     def __exit__(self, *exc) -> None:

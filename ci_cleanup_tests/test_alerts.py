@@ -127,8 +127,8 @@ def skipped_run(job, stack, instance, lease_alert):
 
 @pytest.mark.parametrize("job_name", ["drop_canceling_builds", "environments_auto_stop"])
 def test_a_lease_with_no_ttl_skips_as_gitlab_does_and_is_alerted(stack, engine, redis_client, webhook, job_name):
-    from ci_cleanup.environments_auto_stop import job as auto_stop
     from ci_cleanup.drop_canceling_builds import job as drop
+    from ci_cleanup.environments_auto_stop import job as auto_stop
     from ci_cleanup.gitlab.exclusive_lease import PREFIX
     from ci_cleanup.sensors import lease_held_alert
 

@@ -133,7 +133,7 @@ def test_stop_actions_come_from_the_last_successful_deployment(stack, engine, re
     "values",
     [
         pytest.param(dict(auto_stop_at=ago(hours=-1)), id="future"),
-        pytest.param(dict(auto_stop_at=dt.datetime.max.replace(tzinfo=dt.timezone.utc)), id="far future"),
+        pytest.param(dict(auto_stop_at=dt.datetime.max.replace(tzinfo=dt.UTC)), id="far future"),
         pytest.param(dict(state="stopped"), id="already stopped"),
         pytest.param(dict(state="stopping"), id="already stopping"),
     ],

@@ -16,8 +16,8 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_dele
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
-from .harness import scratch_database_of
 from .factories import ago, create, naive_ago
+from .harness import scratch_database_of
 from .runner import op_metadata, run_job
 
 BUILDS = {PARTITIONED: "p_ci_builds", FLAT: "ci_builds"}

@@ -12,7 +12,10 @@ from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema
 from ci_cleanup.prune_dagster_history.job import prune_dagster_history
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files, schedule_bulk_delete_job_artifacts
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts,
+)
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 

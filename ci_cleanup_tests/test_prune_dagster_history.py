@@ -31,7 +31,11 @@ from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.prune_dagster_history import service
 from ci_cleanup.prune_dagster_history.job import (
-    KEEP_DAYS_ENV, KEEP_FAILED_DAYS_ENV, LEASE_KEY, prune_dagster_history, prune_dagster_history_schedule,
+    KEEP_DAYS_ENV,
+    KEEP_FAILED_DAYS_ENV,
+    LEASE_KEY,
+    prune_dagster_history,
+    prune_dagster_history_schedule,
 )
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.sensors import run_failed_alert

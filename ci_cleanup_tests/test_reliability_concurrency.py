@@ -27,10 +27,11 @@ from sqlalchemy import create_engine, text
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.schema import create_schema
 
+from .harness import reset
 from .reliability import (
     FORK,
-    CrashSettings,
     SCENARIOS,
+    CrashSettings,
     LeaseWatch,
     changed_more_than_once,
     fork_run,
@@ -40,7 +41,6 @@ from .reliability import (
     start_crash_series,
     start_writer,
 )
-from .harness import reset
 from .runner import op_metadata, run_job
 
 N_CONCURRENT = 2400  # candidates for runs started at once

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
@@ -25,8 +25,11 @@ from dagster import DagsterInstance
 from sqlalchemy import TIMESTAMP, cast, create_engine, literal, text
 from sqlalchemy.engine import make_url
 
-from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE, LEASE_TTL_SECONDS as DROP_TTL, drop_canceling_builds
-from ci_cleanup.environments_auto_stop.job import LEASE_KEY as STOP_LEASE, environments_auto_stop
+from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE
+from ci_cleanup.drop_canceling_builds.job import LEASE_TTL_SECONDS as DROP_TTL
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop.job import LEASE_KEY as STOP_LEASE
+from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX

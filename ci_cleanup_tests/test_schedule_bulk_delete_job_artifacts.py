@@ -4,8 +4,8 @@ unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import hashlib
+import itertools
 import os
 import signal
 import subprocess
@@ -77,7 +77,7 @@ def worker_metadata(result) -> list[dict]:
 
 def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
     digest = hashlib.sha256(str(project_id).encode("ascii")).hexdigest()
-    return "/".join([digest[:2], digest[2:4], digest, created_at.astimezone(dt.timezone.utc).strftime("%Y_%m_%d"), str(job_id), str(artifact_id)])
+    return "/".join([digest[:2], digest[2:4], digest, created_at.astimezone(dt.UTC).strftime("%Y_%m_%d"), str(job_id), str(artifact_id)])
 
 
 def test_flag_off_touches_nothing(stack, engine, redis_client):
@@ -137,7 +137,7 @@ def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redi
 
 def test_hashed_path_of_one_artifact_is_exact(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
-    gone = artifact(engine, project_id=42, job_id=58, file="job.log.gz", created_at=dt.datetime(2023, 12, 31, 23, 59, tzinfo=dt.timezone.utc))
+    gone = artifact(engine, project_id=42, job_id=58, file="job.log.gz", created_at=dt.datetime(2023, 12, 31, 23, 59, tzinfo=dt.UTC))
     run_job(schedule_bulk_delete_job_artifacts, stack)
     (obj,) = deleted_objects(engine)
     digest = hashlib.sha256(b"42").hexdigest()
@@ -166,7 +166,7 @@ def test_pick_up_at_is_expire_at_clamped_to_a_day_back(stack, engine, redis_clie
 
 
 def test_pick_up_at_clamp_bounds():
-    now = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
 
     def pick_up_at(expire_at):
         values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now, expire_at=expire_at)
@@ -178,14 +178,14 @@ def test_pick_up_at_clamp_bounds():
 
 
 # Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and Python (deleted_object) versions.
-RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.timezone.utc)  # Los Angeles moved to DST 2 hours before
+RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)  # Los Angeles moved to DST 2 hours before
 SESSION_TIME_ZONE = "America/Los_Angeles"
 HASHED_CASES = [
-    dict(created_at=dt.datetime(2024, 3, 9, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)),
-    dict(created_at=dt.datetime(2024, 3, 10, 0, 0, tzinfo=dt.timezone.utc)),  # 2024-03-09 in Los Angeles
-    dict(created_at=dt.datetime(2024, 3, 10, 7, 59, tzinfo=dt.timezone.utc), project_id=2**62),
+    dict(created_at=dt.datetime(2024, 3, 9, 23, 59, 59, 999999, tzinfo=dt.UTC)),
+    dict(created_at=dt.datetime(2024, 3, 10, 0, 0, tzinfo=dt.UTC)),  # 2024-03-09 in Los Angeles
+    dict(created_at=dt.datetime(2024, 3, 10, 7, 59, tzinfo=dt.UTC), project_id=2**62),
     dict(created_at=dt.datetime(2024, 3, 10, 1, tzinfo=dt.timezone(dt.timedelta(hours=14))), file="job.log.gz"),  # 2024-03-09 UTC
-    dict(created_at=dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.timezone.utc), file_store=2),
+    dict(created_at=dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.UTC), file_store=2),
     dict(file_final_path=None, file_store=2),
 ]
 FINAL_PATHS = ["@final/1a/2b/5f8e/artifacts.zip", "noslash.zip", "/root.zip", "//x.zip", "a//b.zip", "a/b/", "///",
@@ -676,7 +676,7 @@ def test_files_job_drains_more_than_one_batch(stack, engine, redis_client, tmp_p
 
 def test_bulk_delete_then_files_job_removes_the_artifacts_stored_file(stack, engine, redis_client, tmp_path, no_root_env):
     enable(engine, service.FEATURE_FLAG)
-    created_at = dt.datetime(2024, 6, 1, 8, tzinfo=dt.timezone.utc)
+    created_at = dt.datetime(2024, 6, 1, 8, tzinfo=dt.UTC)
     artifact_id = artifact(engine, bucket=2, project_id=5, job_id=77, created_at=created_at, file="artifacts.zip")
     path = stored_file(tmp_path, expected_hashed_store_dir(5, created_at, 77, artifact_id))
 

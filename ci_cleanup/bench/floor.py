@@ -17,12 +17,17 @@ import psycopg2
 import redis
 from sqlalchemy.engine import make_url
 
-from ..drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH, TIMEOUT
+from ..drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH
+from ..drop_canceling_builds.service import TIMEOUT
 from ..environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
 from ..gitlab import artifact_buckets, sidekiq_status
 from ..gitlab.schema import naive_utc, utc_now
 from ..schedule_bulk_delete_job_artifacts.service import (
-    BATCH_SIZE as ARTIFACTS_BATCH, PICK_UP_AT_EARLIEST, PICK_UP_AT_LATEST,
+    BATCH_SIZE as ARTIFACTS_BATCH,
+)
+from ..schedule_bulk_delete_job_artifacts.service import (
+    PICK_UP_AT_EARLIEST,
+    PICK_UP_AT_LATEST,
 )
 from ..stale_runner_machines_cleanup.service import SUB_BATCH_LIMIT, stale_deadline
 from ..stuck_export_jobs.service import CHUNK_SIZE, EXPORT_JOBS_EXPIRATION
@@ -187,7 +192,7 @@ SELECT (SELECT count(*) FROM stopping) + (SELECT count(*) FROM stopped),
 def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     _prepare(cur, "floor_envs", ENVS)
-    after = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)
+    after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:
         now = utc_now()
@@ -247,7 +252,7 @@ def artifacts_floor(conn, client: redis.Redis) -> tuple[int, int]:
     for bucket in range(max_buckets):  # the job's workers, worker i on bucket i, one after the other
         if artifact_buckets.claim(client, utc_now(), bucket) is None:
             continue
-        after = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+        after = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
         while True:
             now = utc_now()
             cur.execute("EXECUTE floor_artifacts (%s, %s, %s, %s, %s, %s)",

@@ -238,7 +238,7 @@ def launch(env: dict[str, str], job: str, log_dir: Path) -> tuple[float, float, 
 def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print) -> Launched:
     figures = Launched(job, n)
     before = add_candidates(engine, client, job, n)
-    recent = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)
+    recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     floor_conn = connect(env["CI_CLEANUP_DATABASE_URL"])
     admin = connect(env["CI_CLEANUP_DATABASE_URL"])
     try:
@@ -298,7 +298,7 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
 
 def _timestamp(moment: dt.datetime) -> float:
     """Unix seconds of a run record's datetime (stored as UTC, with or without its zone)."""
-    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
@@ -312,7 +312,7 @@ def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
-        instance, started = _instance(), dt.datetime.now(dt.timezone.utc)
+        instance, started = _instance(), dt.datetime.now(dt.UTC)
         deadline = time.monotonic() + 240  # the next minute boundary, the queue, the run
         while True:
             scheduled = RunsFilter(tags={"dagster/schedule_name": SCHEDULE})

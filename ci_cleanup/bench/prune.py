@@ -47,7 +47,7 @@ def clone_runs(
     runs, tags, events = (Table(name, meta, autoload_with=dagster_db) for name in ("runs", "run_tags", "event_logs"))
     with dagster_db.begin() as conn:
         template = conn.execute(select(runs).where(runs.c.run_id == template_run_id)).mappings().one()
-        end = dt.datetime.fromtimestamp(template["end_time"], dt.timezone.utc)
+        end = dt.datetime.fromtimestamp(template["end_time"], dt.UTC)
         conn.execute(text("CREATE TEMP TABLE clones (run_id text, shift interval) ON COMMIT DROP"))
         conn.execute(
             text("INSERT INTO clones SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:shifts AS interval[]))"),

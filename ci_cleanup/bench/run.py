@@ -199,7 +199,7 @@ def _load(values: tuple[float, float, float]) -> str:
 def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, load: dict, daemon_s: float | None,
                    vs_floor_max: float, cli_idle_s: float) -> None:
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
     small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so the"
              "\n  ratios to the floor say little about the targets.") if not headline else ""

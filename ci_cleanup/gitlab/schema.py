@@ -64,12 +64,12 @@ FILE_STORE_LOCAL, FILE_STORE_REMOTE = 1, 2
 
 
 def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def naive_utc(moment: dt.datetime) -> dt.datetime:
     """The value to compare with or write to a ``timestamp without time zone`` column (UTC by GitLab's rule)."""
-    return moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return moment.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 class SchemaMismatch(RuntimeError):
