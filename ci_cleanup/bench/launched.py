@@ -21,6 +21,7 @@ digests the first floor run left, or the benchmark stops.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import statistics
 import subprocess
@@ -54,11 +55,13 @@ SCOPED = {
     "schedule_bulk_delete_job_artifacts": ("p_ci_job_artifacts",),
 }
 # What the jobs are launched with beyond their defaults: limits high enough for the benchmark's candidates.
-RUN_CONFIG = {
-    "stale_runner_machines_cleanup": (
-        "ops: {find_stale_runner_machines: {config: {max_deletions: %d}}}\n" % STALE_MAX_DELETIONS
+RUN_CONFIG = {  # YAML, written as JSON
+    "stale_runner_machines_cleanup": json.dumps(
+        {"ops": {"find_stale_runner_machines": {"config": {"max_deletions": STALE_MAX_DELETIONS}}}}
     ),
-    "environments_auto_stop": "ops: {find_auto_stoppable_environments: {config: {max_loops: %d}}}\n" % ENVS_MAX_LOOPS,
+    "environments_auto_stop": json.dumps(
+        {"ops": {"find_auto_stoppable_environments": {"config": {"max_loops": ENVS_MAX_LOOPS}}}}
+    ),
 }
 CONTENDERS = ("job", "floor", "service")
 

@@ -1,4 +1,4 @@
-"""``python -m ci_cleanup.bench.memory URL REDIS_URL JOB``: run one job's service over its candidates, print the heap peak."""
+"""``python -m ci_cleanup.bench.memory URL REDIS_URL JOB``: one job's service over its candidates, and its peaks."""
 
 import json
 import resource
@@ -20,4 +20,5 @@ if __name__ == "__main__":
     rows = BY_NAME[name].job(engine, client, lambda: None)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    print(json.dumps({"rows": rows, "peak_kib": peak / 1024, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"rows": rows, "peak_kib": peak / 1024, "maxrss_kib": maxrss_kib}))

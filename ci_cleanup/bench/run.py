@@ -41,7 +41,8 @@ SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth
 class Figures:
     job: str
     rows_per_s: dict[str, float] = field(default_factory=dict)  # job, raw, per_row
-    batch_ms: dict[str, float] = field(default_factory=dict)  # small, big: the job's; raw_small, raw_big: the raw SQL loop's
+    # small, big: the job's; raw_small, raw_big: the raw SQL loop's
+    batch_ms: dict[str, float] = field(default_factory=dict)
     peak_kib: dict[str, float] = field(default_factory=dict)  # small, big: Python heap (tracemalloc)
     rss_mib: dict[str, float] = field(default_factory=dict)  # small, big: the process's peak resident memory
 
@@ -86,14 +87,16 @@ def timed(engine, client, runner) -> tuple[int, float, list[float]]:
 def peak_memory(figures: Figures, size: str, url: str, redis_url: str) -> None:
     """The peak Python heap (KiB) and peak RSS (MiB) of a run of the job, in a fresh interpreter."""
     out = subprocess.run(
-        [sys.executable, "-m", "ci_cleanup.bench.memory", url, redis_url, figures.job], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "ci_cleanup.bench.memory", url, redis_url, figures.job],
+        check=True, capture_output=True, text=True,
     ).stdout
     peak = json.loads(out.strip().splitlines()[-1])
     figures.peak_kib[size], figures.rss_mib[size] = peak["peak_kib"], peak["maxrss_kib"] / 1024
 
 
 def bench(
-    env: dict[str, str], *, small_rows: int, big_rows: int, work: int, memory_candidates: int, jobs: list[str], repeats: int = 3, log=print
+    env: dict[str, str], *, small_rows: int, big_rows: int, work: int, memory_candidates: int, jobs: list[str],
+    repeats: int = 3, log=print,
 ) -> list[Figures]:
     url, redis_url = env["CI_CLEANUP_DATABASE_URL"], env["CI_CLEANUP_REDIS_URL"]
     engine, client = create_engine(url), redis.Redis.from_url(redis_url)
@@ -134,7 +137,8 @@ def bench(
         f.batch_ms["big"], f.batch_ms["raw_big"] = (statistics.median(batches_of[how]) * 1000 for how in ("job", "raw"))
         add_candidates(engine, job, memory_candidates)
         peak_memory(f, "big", url, redis_url)
-        log(f"  {job.name} memory at {memory_candidates:,} candidates: heap {f.peak_kib['big']:.0f} KiB, RSS {f.rss_mib['big']:.1f} MiB")
+        log(f"  {job.name} memory at {memory_candidates:,} candidates: heap {f.peak_kib['big']:.0f} KiB, "
+            f"RSS {f.rss_mib['big']:.1f} MiB")
 
     # The memory runs changed a million rows of each table minutes ago: ANALYZE, as autovacuum would
     # after such a change, before the launched jobs' part runs on the same tables.
@@ -201,7 +205,7 @@ def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, l
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
     now = dt.datetime.now(dt.UTC)
     headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
-    small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so the"
+    small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so"
              "\n  ratios to the floor say little about the targets.") if not headline else ""
     path.write_text(f"""# Benchmarks
 

@@ -44,11 +44,15 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
     conn.execute(text("""
         INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
                                lock_version, created_at, updated_at, started_at, finished_at, "when", allow_failure)
-        SELECT 100 + (:before + g) % 3, 1 + g % 50000, (:before + g) / 8, (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
+        SELECT 100 + (:before + g) % 3, 1 + g % 50000, (:before + g) / 8,
+               (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
                CASE WHEN g % :every = 0 THEN 'canceling'
-                    ELSE (ARRAY['success','success','success','success','success','success','failed','canceled','skipped','manual'])[1 + (g / 7) % 10] END,
-               1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END, 'on_success', false
-        FROM generate_series(1, :n) g, LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g::bigint * 7919) % 31536000) AS t) x
+                    ELSE (ARRAY['success','success','success','success','success','success','failed','canceled',
+                                'skipped','manual'])[1 + (g / 7) % 10] END,
+               1 + g % 2000, 1 + g % 100000, 0, t, t, t, CASE WHEN g % :every = 0 THEN NULL ELSE t END,
+               'on_success', false
+        FROM generate_series(1, :n) g,
+        LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g::bigint * 7919) % 31536000) AS t) x
     """), {"n": n, "every": every, "now": naive_utc(now), "before": before})
     conn.execute(text("""
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
@@ -60,14 +64,17 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
 def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
     """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year."""
     conn.execute(text("""
-        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at, contacted_at)
-        SELECT 1 + g % 200000, md5(gen_random_uuid()::text), 1 + g % 3, CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
+        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at,
+                                        contacted_at)
+        SELECT 1 + g % 200000, md5(gen_random_uuid()::text), 1 + g % 3,
+               CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
                created, coalesce(contacted, created), contacted
         FROM generate_series(1, :n) g,
         LATERAL (SELECT CASE WHEN g % :every = 0 THEN :now - make_interval(days => 8 + g % 400)
                              WHEN g % 20 = 0 THEN :now - make_interval(secs => g % 500000)
                              ELSE :now - make_interval(days => g % 700) END AS created,
-                        CASE WHEN g % :every = 0 THEN (CASE WHEN g % 4 = 0 THEN NULL ELSE :now - make_interval(days => 8) END)
+                        CASE WHEN g % :every = 0
+                             THEN (CASE WHEN g % 4 = 0 THEN NULL ELSE :now - make_interval(days => 8) END)
                              WHEN g % 20 = 0 THEN NULL
                              ELSE :now - make_interval(secs => g % 3600) END AS contacted) x
     """), {"n": n, "every": every, "now": now})
@@ -92,7 +99,8 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
     """
     before = conn.scalar(text("SELECT coalesce(max(id), 0) FROM environments"))
     conn.execute(text("""
-        INSERT INTO environments (project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at)
+        INSERT INTO environments (project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at,
+                                  updated_at)
         SELECT 1 + g % 50000, 'review/' || (:before + g), 'review-' || (:before + g),
                CASE WHEN g % :every = 0 OR g % 10 >= 8 THEN 'available' ELSE 'stopped' END,
                CASE WHEN g % :every = 0 THEN CAST(:now AS timestamptz) - make_interval(mins => 1 + g % 10000)
@@ -121,7 +129,8 @@ def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> 
     conn.execute(text("""
         INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store,
                                         file_final_path, expire_at, locked, created_at, updated_at)
-        SELECT 100 + (:before + g) % 3, 1 + (g / 7) % 50000, (:before + g) / 3, CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
+        SELECT 100 + (:before + g) % 3, 1 + (g / 7) % 50000, (:before + g) / 3,
+               CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
                1000 + g % 100000, 'artifacts.zip', 2,
                CASE WHEN g % 2 = 0 THEN '@final/' || substr(md5(g::text), 1, 2) || '/' || md5(g::text) END,
                CASE WHEN g % :every = 0 THEN :now - make_interval(days => 1 + g % 30)

@@ -17,7 +17,7 @@ def seed(
 ) -> None:
     """drop_canceling_builds: 120 builds stuck canceling (two batches), and builds it must leave alone."""
     rows = []
-    for i in range(120):
+    for _ in range(120):
         stuck_since = now - dt.timedelta(hours=rng.randint(2, 48), minutes=rng.randint(0, 59))
         rows.append(dict(status="canceling", created_at=naive_utc(stuck_since), updated_at=naive_utc(stuck_since)))
     for status in ("running", "pending", "success", "failed", "canceled", "canceling"):
