@@ -14,12 +14,16 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, Select, all_, and_, any_, bindparam, delete, func, literal, select, update
+from sqlalchemy import (
+    BigInteger, ColumnElement, Integer, Select, all_, and_, any_, bindparam, delete, func, literal, select, update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
-from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, TIMESTAMP, GitLabSchema, naive_utc, utc_now
+from ..gitlab.schema import (
+    DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, TIMESTAMP, GitLabSchema, naive_utc, utc_now,
+)
 
 TIMEOUT = dt.timedelta(hours=1)
 BATCH_SIZE = 100
@@ -92,7 +96,9 @@ def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime
 
 
 @functools.lru_cache(maxsize=8)
-def drop_statement(schema: GitLabSchema, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE) -> Select:
+def drop_statement(
+    schema: GitLabSchema, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE
+) -> Select:
     """Pick builds and drop them, in one statement; one row per build picked, ``dropped`` or not.
 
     ``WITH picked AS (<the next :limit candidates>), dropped AS (UPDATE … SET status = 'failed',
@@ -220,7 +226,9 @@ def drop_canceling_builds(
     with engine.connect() as conn:  # one connection for the run, one transaction per batch
         while True:
             batch_time = now()
-            params = {"cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size, "exclude": passed_over}
+            params = {
+                "cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size, "exclude": passed_over,
+            }
             try:
                 dropped, changed = _drop(conn, drop_statement(schema), params)
                 batch = BatchOutcome(dropped=dropped, changed_concurrently=changed)
