@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
-import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +20,9 @@ from sqlalchemy import (
     func, insert, or_, select,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab import artifact_buckets
-from ..gitlab.feature_flags import feature_enabled
 from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, FILE_STORE_LOCAL, TIMESTAMPTZ, GitLabSchema, utc_now
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
@@ -61,7 +58,7 @@ def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
 
 @functools.lru_cache(maxsize=8)
 def flags_query(schema: GitLabSchema) -> Select:
-    """Both flags in one row (each as :func:`feature_enabled` reads it: the boolean gate set to true)."""
+    """Both flags in one row (each as :func:`ci_cleanup.gitlab.feature_flags.feature_enabled` reads it: the boolean gate set to true)."""
     gates = schema.feature_gates
     return select(
         func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), False).label("enabled"),
@@ -106,42 +103,21 @@ def count_expired_by_bucket(conn: Connection, schema: GitLabSchema, now: dt.date
     return found
 
 
-def hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
-    """GitLab's ``JobArtifactUploader#hashed_path``: ``h[0:2]/h[2:4]/h/<created UTC YYYY_MM_DD>/<job_id>/<id>``."""
-    h = hashlib.sha256(str(project_id).encode()).hexdigest()
-    day = created_at.astimezone(dt.timezone.utc).strftime("%Y_%m_%d")
-    return f"{h[0:2]}/{h[2:4]}/{h}/{day}/{job_id}/{artifact_id}"
-
-
-def deleted_object(artifact: Row, now: dt.datetime) -> dict | None:
-    """The ``ci_deleted_objects`` row for a deleted artifact (``Ci::JobArtifact#to_deleted_object_attrs``).
-
-    None when the artifact names no stored file (GitLab's ``bulk_import`` skips those too). The batch
-    statement computes the same in SQL (:func:`deleted_objects_select`); this is the per-row
-    reference the tests compare it with (and the benchmark's per-row loop uses).
-    """
-    if artifact.file_final_path:
-        store_dir, file = posixpath.dirname(artifact.file_final_path), posixpath.basename(artifact.file_final_path)
-    elif artifact.file and artifact.created_at is not None:
-        store_dir, file = hashed_store_dir(artifact.project_id, artifact.created_at, artifact.job_id, artifact.id), artifact.file
-    else:
-        return None
-    pick_up_at = min(max(artifact.expire_at, now - PICK_UP_AT_EARLIEST), now + PICK_UP_AT_LATEST)
-    return dict(
-        file_store=artifact.file_store if artifact.file_store is not None else 1,
-        store_dir=store_dir, file=file, project_id=artifact.project_id, pick_up_at=pick_up_at,
-    )
-
-
 def deleted_objects_select(artifacts: FromClause) -> Select:
-    """:func:`deleted_object` in SQL: the ``ci_deleted_objects`` rows for ``artifacts`` (the table, or the deleted rows).
+    """``Ci::JobArtifact#to_deleted_object_attrs``: the ``ci_deleted_objects`` rows for ``artifacts`` (the table,
+    or the deleted rows).
+
+    An artifact that names no stored file has none (GitLab's ``Ci::DeletedObject.bulk_import`` skips it).
+    When ``file_final_path`` is set, ``store_dir`` is its dirname and ``file`` its basename; else GitLab's
+    hashed path (``JobArtifactUploader#hashed_path``: ``h[0:2]/h[2:4]/h/<created UTC YYYY_MM_DD>/<job_id>/<id>``
+    with ``h`` the sha256 of project_id) and ``file``.
 
     Bound parameters ``earliest`` and ``latest``: the pick_up_at clamp, computed in Python
     (``interval '1 day'`` would follow the session time zone's DST, a timedelta does not).
     The day of the hashed path is created_at's UTC day, whatever the session time zone.
     """
     a = artifacts.c
-    final_path = func.nullif(a.file_final_path, "")  # Python's ``if file_final_path`` skips "" too
+    final_path = func.nullif(a.file_final_path, "")  # an empty file_final_path is none (Rails' ``present?``)
     # posixpath.split: the head is everything up to the last "/", trailing slashes stripped unless it is all slashes.
     head = func.regexp_replace(final_path, "[^/]*$", "")
     dirname = case((head.regexp_match("^/*$"), head), else_=func.rtrim(head, "/"))
