@@ -1,4 +1,4 @@
-"""Seed 004, ``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and its ``Ci::BulkDeleteExpiredJobArtifactsWorker``.
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and its ``Ci::BulkDeleteExpiredJobArtifactsWorker``.
 
 The rule, without Dagster: the scheduler reads the feature flags and keeps the Redis buckets whole
 (:mod:`ci_cleanup.gitlab.artifact_buckets`); each bucket worker claims a bucket and deletes that
@@ -48,7 +48,7 @@ class Flags:
 
 
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
-    """The seed's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
+    """The cron worker's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
 
     The bucket workers read the same query in each batch's statement (:func:`batch_statement`).
     """
@@ -235,7 +235,7 @@ def delete_batch(
 
 @dataclass
 class WorkerResult:
-    """One bucket worker's run, with the seed's log fields."""
+    """One bucket worker's run, with the fields ``Ci::BulkDeleteExpiredJobArtifactsWorker`` logs."""
 
     mod_bucket: int | None = None  # None: no bucket was available
     destroyed_job_artifacts_count: int = 0

@@ -1,7 +1,7 @@
-"""Seed 001, ``Ci::Runners::StaleManagersCleanupService``: delete runner machines that stopped contacting.
+"""``Ci::Runners::StaleManagersCleanupService``: delete runner machines that stopped contacting.
 
 The rule, without Dagster: delete stale ``ci_runner_machines`` rows in sub-batches of 100, each its
-own transaction, until a pass deletes nothing or 1000 are gone. There is no lease: the seed relies on
+own transaction, until a pass deletes nothing or 1000 are gone. There is no lease: GitLab relies on
 idempotence, and the count of each ``DELETE … RETURNING`` is what this run itself removed, so two
 runs at once delete every row once and their counts add up.
 """
@@ -25,7 +25,7 @@ MAX_DELETIONS = 1000
 
 @dataclass
 class CleanupResult:
-    """What the seed logs when done: ``total_deleted`` and ``batch_counts``."""
+    """What the service returns and its cron worker logs: ``total_deleted`` and ``batch_counts``."""
 
     max_deletions: int
     total_deleted: int = 0
@@ -33,7 +33,7 @@ class CleanupResult:
 
     @property
     def max_deletions_reached(self) -> bool:
-        # The seed's alert "MAX_DELETIONS reached run after run": the backlog outgrows the cap.
+        # Worth an alert when reached run after run: the backlog outgrows the cap.
         return self.total_deleted >= self.max_deletions
 
 
