@@ -58,13 +58,16 @@ def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
 
 @functools.lru_cache(maxsize=8)
 def flags_query(schema: GitLabSchema) -> Select:
-    """Both flags in one row (each as :func:`ci_cleanup.gitlab.feature_flags.feature_enabled` reads it: the boolean gate set to true)."""
+    """Both flags in one row, each as :func:`ci_cleanup.gitlab.feature_flags.feature_enabled` reads it (the boolean
+    gate set to true)."""
     gates = schema.feature_gates
+    high_concurrency = func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG)
     return select(
         func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), False).label("enabled"),
-        case((func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG), MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
+        case((high_concurrency, MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
     ).where(
-        gates.c.feature_key == any_(array([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG])),  # no expanding IN to render per batch
+        # An array, not an expanding IN, which would be rendered again for every batch.
+        gates.c.feature_key == any_(array([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG])),
         gates.c.key == "boolean", gates.c.value == "true",
     )
 
@@ -91,7 +94,9 @@ def expired_in_bucket(
     )
 
 
-def count_expired_by_bucket(conn: Connection, schema: GitLabSchema, now: dt.datetime, max_buckets: int, ids_limit: int) -> dict[int, tuple[int, list[int]]]:
+def count_expired_by_bucket(
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, max_buckets: int, ids_limit: int
+) -> dict[int, tuple[int, list[int]]]:
     """Dry run: per bucket, how many expired deletable artifacts there are and the first ``ids_limit`` ids."""
     found = {}
     for bucket in range(max_buckets):
@@ -151,10 +156,12 @@ class DeletedBatch:
 
 
 def expired_batch_query(
-    schema: GitLabSchema, bucket: int | ColumnElement[int], max_buckets: int | ColumnElement[int], now: dt.datetime, batch_size: int,
+    schema: GitLabSchema, bucket: int | ColumnElement[int], max_buckets: int | ColumnElement[int], now: dt.datetime,
+    batch_size: int,
     after: tuple = START,
 ) -> Select:
-    """The bucket's next ``batch_size`` expired artifacts after ``after`` (expire_at, id), locked for this worker (``FOR UPDATE SKIP LOCKED``).
+    """The bucket's next ``batch_size`` expired artifacts after ``after`` (expire_at, id), locked for this worker
+    (``FOR UPDATE SKIP LOCKED``).
 
     The worker's cursor: each batch starts where the last one ended instead of at the oldest expired
     artifact, so it does not read again past the rows of the other buckets (and the dead rows it
@@ -181,10 +188,11 @@ def batch_statement(schema: GitLabSchema) -> Select:
 
     ``WITH flags AS (…), deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE
     SKIP LOCKED>)) RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted)
-    SELECT enabled, max_buckets, <the last (expire_at, id) deleted>, ids, size, deleted_objects``. The candidates are gated on the flags
-    read by the same statement (feature on, bucket below max_buckets; else nothing is read or deleted),
-    so the worker stops on a flag change exactly as when it read them first. Bound per batch: bucket,
-    now, limit, the worker's cursor (after_expire_at, after_id), and the pick_up_at bounds.
+    SELECT enabled, max_buckets, <the last (expire_at, id) deleted>, ids, size, deleted_objects``. The
+    candidates are gated on the flags read by the same statement (feature on, bucket below max_buckets;
+    else nothing is read or deleted), so the worker stops on a flag change exactly as when it read them
+    first. Bound per batch: bucket, now, limit, the worker's cursor (after_expire_at, after_id), and the
+    pick_up_at bounds.
     """
     a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
     flags = flags_query(schema).cte("flags")
@@ -196,15 +204,22 @@ def batch_statement(schema: GitLabSchema) -> Select:
     ).where(select(flags.c.enabled).scalar_subquery(), bucket < max_buckets)
     deleted = (
         delete(a).where(a.c.id == any_(func.array(picked.scalar_subquery())))
-        .returning(a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path, a.c.expire_at, a.c.created_at, a.c.size)
+        .returning(
+            a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path, a.c.expire_at,
+            a.c.created_at, a.c.size,
+        )
         .cte("deleted")
     )
     recorded = (
-        insert(d).from_select(["file_store", "store_dir", "file", "project_id", "pick_up_at"], deleted_objects_select(deleted))
+        insert(d)
+        .from_select(["file_store", "store_dir", "file", "project_id", "pick_up_at"], deleted_objects_select(deleted))
         .returning(d.c.id)
         .cte("recorded")
     )
-    last = select(deleted.c.expire_at, deleted.c.id).order_by(deleted.c.expire_at.desc(), deleted.c.id.desc()).limit(1).subquery()
+    last = (
+        select(deleted.c.expire_at, deleted.c.id)
+        .order_by(deleted.c.expire_at.desc(), deleted.c.id.desc()).limit(1).subquery()
+    )
     return select(
         flags.c.enabled,
         flags.c.max_buckets,
@@ -219,12 +234,16 @@ def batch_statement(schema: GitLabSchema) -> Select:
 def delete_batch(
     conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: tuple = START
 ) -> DeletedBatch:
-    """One statement, in the caller's transaction: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
+    """One statement, in the caller's transaction: delete up to ``batch_size`` expired artifacts of the bucket and
+    record their files.
 
     ``FOR UPDATE SKIP LOCKED`` keeps two workers (or a worker and a live GitLab) off the same rows.
     The transaction commits both or neither: a worker that dies mid-batch leaves the batch untouched.
     """
-    params = {"bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1], **pick_up_at_bounds(now)}
+    params = {
+        "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
+        **pick_up_at_bounds(now),
+    }
     found = conn.execute(batch_statement(schema), params).one()
     return DeletedBatch(
         flags=Flags(enabled=found.enabled, max_buckets=found.max_buckets),
@@ -260,12 +279,13 @@ def run_bucket_worker(
     on_batch: Callable[[int, DeletedBatch], None] = lambda bucket, batch: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> WorkerResult:
-    """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
+    """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches``
+    batches or ``max_runtime``, release it.
 
     Each batch's statement reads the flags again: the worker stops early, that batch deleting nothing,
     when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each
-    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no
-    ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
+    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`).
+    There is no ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
     as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
     """
     result = WorkerResult()

@@ -93,14 +93,17 @@ def stale_ids_query(schema: GitLabSchema, deadline: dt.datetime, limit: int) -> 
     """
     m = schema.ci_runner_machines
     order = (m.c.contacted_at.desc(), m.c.id.desc())  # index_ci_runner_machines_on_contacted_at_desc_and_id_desc
-    contacted = select(m.c.id).where(m.c.contacted_at <= deadline, m.c.created_at <= deadline).order_by(*order).limit(limit)
+    contacted = (
+        select(m.c.id).where(m.c.contacted_at <= deadline, m.c.created_at <= deadline).order_by(*order).limit(limit)
+    )
     never = select(m.c.id).where(m.c.contacted_at.is_(None), m.c.created_at <= deadline).order_by(*order).limit(limit)
     both = union_all(contacted, never).subquery()
     return select(both.c.id).limit(limit)
 
 
 def delete_sub_batch_statement(schema: GitLabSchema, deadline: dt.datetime, limit: int):
-    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) AND stale RETURNING id``: the ids are found first, then deleted by primary key.
+    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) AND stale RETURNING id``: the ids are found first, then deleted
+    by primary key.
 
     The stale condition is repeated on the DELETE itself: a runner that checks in (``contacted_at``
     moves to now) after the ids were read is re-checked by PostgreSQL when its row is locked, and kept.
@@ -129,7 +132,8 @@ def delete_stale_runner_managers(
     with engine.connect() as conn:  # one connection for the run, one transaction per sub-batch
         while True:
             # The last pass never overshoots the cap.
-            deleted = delete_sub_batch(conn, schema, deadline, min(sub_batch_limit, max_deletions - result.total_deleted))
+            limit = min(sub_batch_limit, max_deletions - result.total_deleted)
+            deleted = delete_sub_batch(conn, schema, deadline, limit)
             result.batch_counts.append(len(deleted))
             result.total_deleted += len(deleted)
             on_sub_batch(deleted)
