@@ -268,6 +268,7 @@ def _batch_params(now: dt.datetime, after: tuple, limit: int) -> dict:
 
 
 def _outcome(rows) -> BatchOutcome:
+    """A batch's rows from :func:`stop_statement`, sorted by outcome."""
     batch = BatchOutcome()
     for r in rows:
         batch.ids[r.outcome].append(r.id)
