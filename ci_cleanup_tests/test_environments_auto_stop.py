@@ -278,7 +278,7 @@ def test_environment_restarted_after_it_was_read_is_not_overwritten(stack, engin
     before = row(engine, "environments", env_id)
 
     with engine.connect() as conn:
-        outcome, played = service.stop_environment(conn, S, read, [], ago())
+        outcome, played = service.stop_environment(conn, S, read.id, ago())
 
     assert (outcome, played) == (service.CHANGED_CONCURRENTLY, [])
     assert row(engine, "environments", env_id) == before

@@ -54,7 +54,9 @@ def statements(engine):
     yield "drop_canceling_builds count", select(func.count()).select_from(b).where(drop_canceling.outdated_canceling(S, CUTOFF))
     yield "drop_canceling_builds batch", drop_canceling.find_batch_query(S, CUTOFF, 100, set())
     yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(S, CUTOFF, 100, {r.id for r in builds[:3]})
-    yield "drop_canceling_builds drop", drop_canceling.drop_statement(S, {r.id: r.lock_version for r in builds}, CUTOFF, NOW)
+    yield "drop_canceling_builds drop", drop_canceling.drop_statement(S).params(
+        cutoff=CUTOFF.replace(tzinfo=None), now=NOW.replace(tzinfo=None), limit=100, exclude=[r.id for r in builds[:3]]
+    )
     yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(stale_machines.stale(S, DEADLINE))
     yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
@@ -63,7 +65,7 @@ def statements(engine):
     yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
-    yield "environments_auto_stop batch", auto_stop.stop_batch_statement(S).params(
+    yield "environments_auto_stop batch", auto_stop.stop_statement(S).params(
         now=NOW, naive_now=NOW.replace(tzinfo=None), after_at=envs[len(envs) // 2].auto_stop_at,
         after_id=envs[len(envs) // 2].id, limit=100,
     )

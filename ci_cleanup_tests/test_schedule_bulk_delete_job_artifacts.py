@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import itertools
 import os
+import posixpath
 import signal
 import subprocess
 import sys
@@ -78,6 +79,22 @@ def worker_metadata(result) -> list[dict]:
 def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
     digest = hashlib.sha256(str(project_id).encode("ascii")).hexdigest()
     return "/".join([digest[:2], digest[2:4], digest, created_at.astimezone(dt.UTC).strftime("%Y_%m_%d"), str(job_id), str(artifact_id)])
+
+
+def expected_deleted_object(artifact, now: dt.datetime) -> dict | None:
+    """``Ci::JobArtifact#to_deleted_object_attrs`` in Python, to check the service's SQL against; None: no stored file."""
+    if artifact.file_final_path:
+        store_dir, file = posixpath.dirname(artifact.file_final_path), posixpath.basename(artifact.file_final_path)
+    elif artifact.file and artifact.created_at is not None:
+        store_dir = expected_hashed_store_dir(artifact.project_id, artifact.created_at, artifact.job_id, artifact.id)
+        file = artifact.file
+    else:
+        return None
+    pick_up_at = min(max(artifact.expire_at, now - service.PICK_UP_AT_EARLIEST), now + service.PICK_UP_AT_LATEST)
+    return dict(
+        file_store=artifact.file_store if artifact.file_store is not None else 1,
+        store_dir=store_dir, file=file, project_id=artifact.project_id, pick_up_at=pick_up_at,
+    )
 
 
 def test_flag_off_touches_nothing(stack, engine, redis_client):
@@ -170,14 +187,14 @@ def test_pick_up_at_clamp_bounds():
 
     def pick_up_at(expire_at):
         values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now, expire_at=expire_at)
-        return service.deleted_object(type("Row", (), values), now)["pick_up_at"]
+        return expected_deleted_object(type("Row", (), values), now)["pick_up_at"]
 
     assert pick_up_at(now - dt.timedelta(days=3)) == now - dt.timedelta(days=1)
     assert pick_up_at(now + dt.timedelta(days=3)) == now + dt.timedelta(hours=1)
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
 
 
-# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and Python (deleted_object) versions.
+# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and Python (expected_deleted_object) versions.
 RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)  # Los Angeles moved to DST 2 hours before
 SESSION_TIME_ZONE = "America/Los_Angeles"
 HASHED_CASES = [
@@ -212,7 +229,7 @@ def test_deleted_object_sql_matches_the_python_rule(engine):
         artifacts = {r.id: r for r in conn.execute(select(a))}
         in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id), service.pick_up_at_bounds(RULE_NOW)).mappings().all()
     assert sorted(artifacts) == made
-    in_python = {i: service.deleted_object(r, RULE_NOW) for i, r in artifacts.items()}
+    in_python = {i: expected_deleted_object(r, RULE_NOW) for i, r in artifacts.items()}
     assert {r["id"]: _object(r) for r in in_sql} == {i: _object(o) for i, o in in_python.items() if o is not None}
     assert sum(o is None for o in in_python.values()) == len(NO_OBJECT_CASES)
     pick_up = sorted(r["pick_up_at"] for r in in_sql)  # both bounds reached, and values in between
@@ -227,7 +244,7 @@ def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_
     a = S.ci_job_artifacts
     with engine.connect() as conn:
         before = conn.execute(select(a).order_by(a.c.id)).all()
-    expected = [o for o in (service.deleted_object(r, RULE_NOW) for r in before) if o is not None]
+    expected = [o for o in (expected_deleted_object(r, RULE_NOW) for r in before) if o is not None]
     in_los_angeles = create_engine(stack.url(), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
     try:
         result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW)

@@ -278,15 +278,15 @@ def artifacts_raw(engine, client, on_batch):
 
 def artifacts_per_row(engine, client, on_batch):
     now = utc_now()
+    a, columns = S.ci_job_artifacts, ["file_store", "store_dir", "file", "project_id", "pick_up_at"]
+    read = text(f"SELECT id FROM p_ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE")
 
-    def destroy(conn, artifact_id):  # read the artifact, delete it, record its file
-        a = conn.execute(text(f"SELECT * FROM p_ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE"), {"id": artifact_id, "now": now}).first()
-        if a is None:
+    def destroy(conn, artifact_id):  # read the artifact, record its file, delete it
+        if conn.execute(read, {"id": artifact_id, "now": now}).first() is None:
             return 0
+        its_file = bulk_delete.deleted_objects_select(a).where(a.c.id == artifact_id)
+        conn.execute(insert(S.ci_deleted_objects).from_select(columns, its_file), bulk_delete.pick_up_at_bounds(now))
         conn.execute(text("DELETE FROM p_ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
-        deleted = bulk_delete.deleted_object(a, now)
-        if deleted:
-            conn.execute(insert(S.ci_deleted_objects), deleted)
         return 1
 
     return _per_row(engine, f"SELECT id FROM p_ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)

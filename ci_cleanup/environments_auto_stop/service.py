@@ -1,8 +1,8 @@
-"""Seed 003, ``Environments::AutoStopService`` and the ``AutoStopWorker`` it enqueues, in one place.
+"""``Environments::AutoStopService`` and the ``Environments::AutoStopWorker`` it enqueues, in one place.
 
-The rule, without Dagster: page through the environments whose auto-stop time has passed
-(``Environment.auto_stoppable``), 100 at a time, and stop each as GitLab's
-``Environments::StopService`` → ``Environment#stop_with_actions!`` does:
+The rule, without Dagster, in one statement (:func:`stop_statement`): page through the environments
+whose auto-stop time has passed (``Environment.auto_stoppable``), 100 at a time, and stop each as
+GitLab's ``Environments::StopService`` → ``Environment#stop_with_actions!`` does:
 
 - stop actions = the ``Ci::Build`` rows of the last successful deployment's pipeline whose name is
   that deployment's ``on_stop``;
@@ -13,7 +13,8 @@ The rule, without Dagster: page through the environments whose auto-stop time ha
 
 GitLab's cron loop would pick the environments left available again and again; paging by
 ``(auto_stop_at, id)`` here, along GitLab's ``index_environments_on_state_and_auto_stop_at``, means each
-is seen once per run and a batch reads only its own rows, however large the backlog.
+is seen once per run and a batch reads only its own rows, however large the backlog. A batch the
+database refuses (a bad row) is stopped environment by environment, by the same statement for one id.
 """
 
 from __future__ import annotations
@@ -24,13 +25,34 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import BigInteger, ColumnElement, FromClause, Integer, Select, and_, any_, bindparam, case, func, or_, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    FromClause,
+    Integer,
+    Select,
+    and_,
+    any_,
+    bindparam,
+    case,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.schema import (
-    AUTO_STOP_ALWAYS, DEPLOYMENT_SUCCESS, TIMESTAMP, TIMESTAMPTZ, GitLabSchema, naive_utc, utc_now,
+    AUTO_STOP_ALWAYS,
+    DEPLOYMENT_SUCCESS,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    GitLabSchema,
+    naive_utc,
+    utc_now,
 )
 
 BATCH_SIZE = 100  # AutoStopService::BATCH_SIZE
@@ -43,13 +65,14 @@ STOPPING = "stopping"  # stop actions found (and the manual ones played)
 LEFT_UNTOUCHED = "left_untouched"  # no stop actions, auto_stop_setting with_action
 CHANGED_CONCURRENTLY = "changed_concurrently"  # no longer auto-stoppable when we came to write
 FAILED = "failed"
+OUTCOMES = (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED)
 
 
 @dataclass
 class BatchOutcome:
     """One batch: the environment ids by outcome and the stop actions played."""
 
-    ids: dict[str, list[int]] = field(default_factory=lambda: {o: [] for o in (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED)})
+    ids: dict[str, list[int]] = field(default_factory=lambda: {o: [] for o in OUTCOMES})
     stop_actions_started: list[int] = field(default_factory=list)
     errors: list[tuple[int, str]] = field(default_factory=list)  # (environment id, error)
 
@@ -61,7 +84,7 @@ class BatchOutcome:
 class AutoStopResult:
     loops: int = 0
     limit_reached: str | None = None  # "time", "loops" or None (ran out of environments)
-    counts: dict[str, int] = field(default_factory=lambda: {o: 0 for o in (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED)})
+    counts: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
     ids: dict[str, list[int]] = field(default_factory=dict)  # the first ``max_ids`` per outcome
     stop_actions_started: int = 0
     stop_action_ids: list[int] = field(default_factory=list)
@@ -92,7 +115,7 @@ def count_auto_stoppable(conn: Connection, schema: GitLabSchema, now: dt.datetim
     return conn.scalar(select(func.count()).select_from(schema.environments).where(auto_stoppable(schema, now)))
 
 
-START = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)  # the cursor (auto_stop_at, id) before the first batch
+START = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)  # the cursor (auto_stop_at, id) before the first batch
 
 
 def find_batch_query(schema: GitLabSchema, now, after: tuple, limit) -> Select:
@@ -103,7 +126,7 @@ def find_batch_query(schema: GitLabSchema, now, after: tuple, limit) -> Select:
     e = schema.environments
     after_at, after_id = after
     return (
-        select(e.c.id, e.c.project_id, e.c.auto_stop_setting, e.c.auto_stop_at)
+        select(e.c.id, e.c.auto_stop_setting, e.c.auto_stop_at)
         .where(
             auto_stoppable(schema, now), e.c.auto_stop_at >= after_at,
             or_(e.c.auto_stop_at > after_at, e.c.id > after_id),
@@ -149,48 +172,65 @@ def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select
 
 
 @functools.lru_cache(maxsize=8)
-def _find_stop_actions_statement(schema: GitLabSchema) -> Select:
-    e = schema.environments
-    query = stop_actions_query(schema, e)
-    return query.where(e.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))).order_by(*query.selected_columns[:2])
+def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = False) -> Select:
+    """Pick environments and stop them as ``stop_with_actions!`` does, in one statement.
 
+    One row per environment picked, in cursor order: ``id``, ``auto_stop_at``, ``outcome`` and
+    ``played`` (the stop actions played for it). The pieces, as CTEs:
 
-def find_stop_actions(conn: Connection, schema: GitLabSchema, environment_ids: list[int]) -> dict[int, list[Row]]:
-    """The stop actions of a whole batch in one query, by environment id."""
-    actions: dict[int, list[Row]] = {}
-    for r in conn.execute(_find_stop_actions_statement(schema), {"ids": environment_ids}):
-        actions.setdefault(r.environment_id, []).append(r)
-    return actions
-
-
-@functools.lru_cache(maxsize=8)
-def stop_batch_statement(schema: GitLabSchema) -> Select:
-    """A whole batch in one statement: pick the next ``:limit`` environments after the cursor, stop them, play their stop actions.
-
-    - ``batch``: the environments, as :func:`find_batch_query`; ``actions``: their stop actions;
-      ``planned``: what ``stop_with_actions!`` would do to each (:func:`outcome_for`);
+    - ``batch``: the next ``:limit`` environments after the cursor (``:after_at``, ``:after_id``), as
+      :func:`find_batch_query`; with ``one``, the environment ``:environment_id`` if still auto-stoppable
+      (the per-environment fallback of a batch the database refuses);
+    - ``actions``: their stop actions (:func:`stop_actions_query`); ``planned``: the rule, each
+      environment's outcome (stop actions: ``stopping``; none and ``always``: ``stopped``; else untouched);
     - ``stopping`` / ``stopped``: ``UPDATE … WHERE id = ANY(ARRAY(planned ids)) AND <still auto-stoppable>``
       (and ``always`` for a plain stop). An environment restarted or stopped by someone else after the
       statement's snapshot is re-checked by PostgreSQL when its row is locked, and left as it is;
     - ``played``: the ``manual`` stop actions of the environments that went ``stopping`` (``Ci::Build#play``),
       re-checked the same way, and ``queued``: those joining the runners' queue (``ci_pending_builds``).
 
-    One row per environment of the batch, in cursor order: its outcome and the stop actions played for it.
-    Built once, with ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``, the cursor ``:after_at``,
-    ``:after_id`` and ``:limit`` bound per batch.
+    ``dry_run``: ``batch``, ``actions`` and ``planned`` alone, writing nothing; ``played`` is then what
+    would be played. Built once; bound per batch: ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``,
+    and the cursor and ``:limit`` (or ``:environment_id``).
     """
-    e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
-    now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
-    due = auto_stoppable(schema, now)
-    after = (bindparam("after_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
-    batch = find_batch_query(schema, now, after, bindparam("limit", type_=Integer)).cte("batch")
+    e = schema.environments
+    now = bindparam("now", type_=TIMESTAMPTZ)
+    if one:
+        picked = select(e.c.id, e.c.auto_stop_setting, e.c.auto_stop_at).where(
+            e.c.id == bindparam("environment_id", type_=BigInteger), auto_stoppable(schema, now)
+        )
+    else:
+        after = (bindparam("after_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
+        picked = find_batch_query(schema, now, after, bindparam("limit", type_=Integer))
+    batch = picked.cte("batch")
     actions = stop_actions_query(schema, batch).cte("actions")
     has_actions = select(actions.c.environment_id).where(actions.c.environment_id == batch.c.id).exists()
     planned = select(
         batch.c.id,
         batch.c.auto_stop_at,
-        case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED).label("outcome"),
+        case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED)
+        .label("outcome"),
     ).cte("planned")
+    if dry_run:
+        would_play = select(actions.c.id).where(
+            actions.c.environment_id == planned.c.id, planned.c.outcome == STOPPING, actions.c.status == "manual"
+        )
+        would_be_played = _ids_array(would_play, actions.c.id).label("played")
+        return select(planned.c.id, planned.c.auto_stop_at, planned.c.outcome, would_be_played).order_by(
+            planned.c.auto_stop_at, planned.c.id
+        )
+    return _stopped_and_played(schema, now, planned, actions)
+
+
+def _ids_array(query: Select, id_column) -> ColumnElement:
+    return func.array(query.order_by(id_column).scalar_subquery(), type_=ARRAY(BigInteger))
+
+
+def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
+    """The writing half of :func:`stop_statement`: what ``planned`` says, done, and each environment's outcome."""
+    e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
+    naive_now = bindparam("naive_now", type_=TIMESTAMP)
+    due = auto_stoppable(schema, now)
 
     def planned_ids(outcome: str):
         return any_(func.array(select(planned.c.id).where(planned.c.outcome == outcome).scalar_subquery()))
@@ -208,98 +248,50 @@ def stop_batch_statement(schema: GitLabSchema) -> Select:
     to_play = select(actions.c.id).where(actions.c.environment_id.in_(select(stopping.c.id))).scalar_subquery()
     played = (
         update(b).where(b.c.id == any_(func.array(to_play)), b.c.status == "manual")
-        .values(status="pending", queued_at=naive_now, updated_at=naive_now, lock_version=func.coalesce(b.c.lock_version, 0) + 1)
+        .values(
+            status="pending", queued_at=naive_now, updated_at=naive_now,
+            lock_version=func.coalesce(b.c.lock_version, 0) + 1,
+        )
         .returning(b.c.id, b.c.project_id, b.c.partition_id).cte("played")
     )
     # A build entering `pending` joins the runners' queue (GitLab's Ci::UpdateBuildQueueService#push).
     queued = (
         insert(pending)
-        .from_select(["build_id", "project_id", "partition_id"], select(played.c.id, played.c.project_id, played.c.partition_id))
+        .from_select(
+            ["build_id", "project_id", "partition_id"], select(played.c.id, played.c.project_id, played.c.partition_id)
+        )
         .on_conflict_do_nothing(index_elements=[pending.c.build_id])
         .cte("queued")
     )
-    played_for = func.array(
-        select(played.c.id).join(actions, actions.c.id == played.c.id)
-        .where(actions.c.environment_id == planned.c.id).order_by(played.c.id).scalar_subquery(),
-        type_=ARRAY(BigInteger),
+    played_for = select(played.c.id).join(actions, actions.c.id == played.c.id).where(
+        actions.c.environment_id == planned.c.id
     )
     done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
     return (
         select(
             planned.c.id, planned.c.auto_stop_at,
-            case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"), played_for.label("played"),
+            case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"),
+            _ids_array(played_for, played.c.id).label("played"),
         )
-        .select_from(planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id))
+        .select_from(
+            planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id)
+        )
         .add_cte(queued)
         .order_by(planned.c.auto_stop_at, planned.c.id)
     )
 
 
-def outcome_for(environment: Row, stop_actions: list[Row]) -> str:
-    """What ``stop_with_actions!`` does to an available environment (``wait_for_stop?`` = stop actions present)."""
-    if stop_actions:
-        return STOPPING
-    if environment.auto_stop_setting == AUTO_STOP_ALWAYS:
-        return STOPPED
-    return LEFT_UNTOUCHED
+def _batch_params(now: dt.datetime, after: tuple, limit: int) -> dict:
+    return {"now": now, "naive_now": naive_utc(now), "after_at": after[0], "after_id": after[1], "limit": limit}
 
 
-def _play(conn: Connection, schema: GitLabSchema, stop_actions: list[Row], now: dt.datetime) -> list[int]:
-    """``Ci::Build#play``: a manual stop action is enqueued (``pending``); one in any other status is left as is."""
-    b = schema.ci_builds
-    played = conn.execute(
-        update(b)
-        .where(b.c.id.in_([a.id for a in stop_actions]), b.c.status == "manual")
-        .values(
-            status="pending",
-            queued_at=naive_utc(now),
-            updated_at=naive_utc(now),
-            lock_version=func.coalesce(b.c.lock_version, 0) + 1,
-        )
-        .returning(b.c.id, b.c.project_id, b.c.partition_id)
-    ).all()
-    if played:
-        # A build entering `pending` joins the runners' queue (GitLab's Ci::UpdateBuildQueueService#push).
-        pending = schema.ci_pending_builds
-        conn.execute(
-            insert(pending)
-            .values([{"build_id": p.id, "project_id": p.project_id, "partition_id": p.partition_id} for p in played])
-            .on_conflict_do_nothing(index_elements=[pending.c.build_id])
-        )
-    return sorted(p.id for p in played)
-
-
-def stop_environment(
-    conn: Connection, schema: GitLabSchema, environment: Row, stop_actions: list[Row], now: dt.datetime
-) -> tuple[str, list[int]]:
-    """Stop one environment in its own transaction; returns its outcome and the stop actions played.
-
-    The update re-checks that the environment is still auto-stoppable, so one restarted (a new
-    deployment pushes ``auto_stop_at``) or stopped meanwhile is not overwritten.
-    """
-    outcome = outcome_for(environment, stop_actions)
-    if outcome == LEFT_UNTOUCHED:
-        return outcome, []
-    e = schema.environments
-    values = {"state": "stopping"} if outcome == STOPPING else {"state": "stopped", "auto_stop_at": None}
-    with conn.begin():
-        changed = conn.execute(
-            update(e)
-            .where(e.c.id == environment.id, auto_stoppable(schema, now))
-            .where(e.c.auto_stop_setting == AUTO_STOP_ALWAYS if outcome == STOPPED else true())
-            .values(updated_at=naive_utc(now), **values)
-            .returning(e.c.id)
-        ).first()
-        if changed is None:
-            return CHANGED_CONCURRENTLY, []
-        played = _play(conn, schema, stop_actions, now) if outcome == STOPPING else []
-    return outcome, played
-
-
-def _read_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int):
-    with conn.begin():
-        environments = find_batch(conn, schema, now, after, limit)
-        return environments, find_stop_actions(conn, schema, [env.id for env in environments]) if environments else {}
+def _outcome(rows) -> BatchOutcome:
+    """A batch's rows from :func:`stop_statement`, sorted by outcome."""
+    batch = BatchOutcome()
+    for r in rows:
+        batch.ids[r.outcome].append(r.id)
+        batch.stop_actions_started += r.played
+    return batch
 
 
 def _cursor(rows) -> tuple | None:
@@ -307,17 +299,26 @@ def _cursor(rows) -> tuple | None:
     return (rows[-1].auto_stop_at, rows[-1].id) if rows else None
 
 
-def preview_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int) -> tuple[BatchOutcome, tuple | None]:
+def preview_batch(
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int
+) -> tuple[BatchOutcome, tuple | None]:
     """Dry run: what the next batch would do, read only; with the cursor after it (None: no more)."""
-    environments, actions = _read_batch(conn, schema, now, after, limit)
-    batch = BatchOutcome()
-    for env in environments:
-        env_actions = actions.get(env.id, [])
-        outcome = outcome_for(env, env_actions)
-        batch.ids[outcome].append(env.id)
-        if outcome == STOPPING:
-            batch.stop_actions_started += [a.id for a in env_actions if a.status == "manual"]
-    return batch, _cursor(environments)
+    with conn.begin():
+        rows = conn.execute(stop_statement(schema, dry_run=True), _batch_params(now, after, limit)).all()
+    return _outcome(rows), _cursor(rows)
+
+
+def stop_environment(
+    conn: Connection, schema: GitLabSchema, environment_id: int, now: dt.datetime
+) -> tuple[str, list[int]]:
+    """Stop one environment with :func:`stop_statement` in its own transaction: its outcome and the stop actions played.
+
+    One restarted (a new deployment pushes ``auto_stop_at``) or stopped meanwhile is not overwritten.
+    """
+    with conn.begin():
+        params = {"environment_id": environment_id, "now": now, "naive_now": naive_utc(now)}
+        row = conn.execute(stop_statement(schema, one=True), params).first()
+    return (CHANGED_CONCURRENTLY, []) if row is None else (row.outcome, row.played)
 
 
 def stop_one_by_one(
@@ -325,11 +326,12 @@ def stop_one_by_one(
     report_error: Callable[[int, BaseException], None],
 ) -> tuple[BatchOutcome, tuple | None]:
     """The batch read again, each environment stopped in its own transaction; one the database refuses is reported."""
-    environments, actions = _read_batch(conn, schema, now, after, limit)
+    with conn.begin():
+        environments = find_batch(conn, schema, now, after, limit)
     batch = BatchOutcome()
     for env in environments:
         try:
-            outcome, played = stop_environment(conn, schema, env, actions.get(env.id, []), now)
+            outcome, played = stop_environment(conn, schema, env.id, now)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -347,19 +349,14 @@ def stop_next_batch(
     report_error: Callable[[int, BaseException], None],
 ) -> tuple[BatchOutcome, tuple | None]:
     """The next batch in one statement; if the database refuses it (a bad row), environment by environment."""
-    params = {"now": now, "naive_now": naive_utc(now), "after_at": after[0], "after_id": after[1], "limit": limit}
     try:
         with conn.begin():
-            rows = conn.execute(stop_batch_statement(schema), params).all()
+            rows = conn.execute(stop_statement(schema), _batch_params(now, after, limit)).all()
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
         return stop_one_by_one(conn, schema, now, after, limit, report_error)
-    batch = BatchOutcome()
-    for r in rows:
-        batch.ids[r.outcome].append(r.id)
-        batch.stop_actions_started += r.played
-    return batch, _cursor(rows)
+    return _outcome(rows), _cursor(rows)
 
 
 def auto_stop_environments(

@@ -54,8 +54,8 @@ def midnight(moment: dt.datetime) -> dt.datetime:
     """The UTC midnight starting ``moment``'s day."""
     if moment.tzinfo is None:
         raise ValueError("moment must be timezone-aware")
-    utc = moment.astimezone(dt.timezone.utc)
-    return dt.datetime(utc.year, utc.month, utc.day, tzinfo=dt.timezone.utc)
+    utc = moment.astimezone(dt.UTC)
+    return dt.datetime(utc.year, utc.month, utc.day, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Cutoffs:
     failed: dt.datetime
 
     @classmethod
-    def at(cls, now: dt.datetime, keep_days: int = KEEP_DAYS, keep_failed_days: int = KEEP_FAILED_DAYS) -> "Cutoffs":
+    def at(cls, now: dt.datetime, keep_days: int = KEEP_DAYS, keep_failed_days: int = KEEP_FAILED_DAYS) -> Cutoffs:
         if keep_days < 1 or keep_failed_days < keep_days:
             raise ValueError("keep_days must be at least 1 and keep_failed_days at least keep_days")
         today = midnight(now)
@@ -164,14 +164,14 @@ def days_to_summarise(instance: DagsterInstance, cutoffs: Cutoffs) -> list[dt.da
         oldest = oldest_first(instance, RunsFilter(statuses=list(FINISHED)), 1)
         if not oldest:
             return []
-        first = oldest[0].update_timestamp.astimezone(dt.timezone.utc).date()
+        first = oldest[0].update_timestamp.astimezone(dt.UTC).date()
     end = cutoffs.finished.date()
     return [first + i * _ONE_DAY for i in range(max(0, (end - first).days))]
 
 
 def day_totals(instance: DagsterInstance, day: dt.date) -> dict[str, DayTotals]:
     """Each job's finished runs last updated on ``day`` (UTC), and the rows they changed."""
-    start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc)
+    start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
     records = instance.get_run_records(
         RunsFilter(statuses=list(FINISHED), updated_after=start - _JUST_BEFORE, updated_before=start + _ONE_DAY)
     )
@@ -201,7 +201,7 @@ def record_day(instance: DagsterInstance, day: dt.date, totals: dict[str, DayTot
     The observation is stamped at the day's last second, so the UI plots it on its day; that is
     ``report_runless_asset_event`` with a timestamp, which the public method does not take.
     """
-    stamp = (dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc) + _ONE_DAY).timestamp() - 1
+    stamp = (dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC) + _ONE_DAY).timestamp() - 1
     for job_name, job_totals in sorted(totals.items()):
         last = _last_summary_day(instance, job_name)
         if last is not None and last >= day:
@@ -296,7 +296,7 @@ def prune_history(
     last = summarised_through(instance)
     if last is None:
         return result  # no finished run older than the cut-off
-    until = dt.datetime(last.year, last.month, last.day, tzinfo=dt.timezone.utc) + _ONE_DAY
+    until = dt.datetime(last.year, last.month, last.day, tzinfo=dt.UTC) + _ONE_DAY
     for runs_filter in _filters(cutoffs, until):
         while True:
             if clock() >= deadline:

@@ -1,11 +1,12 @@
 """The stored files of deleted artifacts: GitLab's ``Ci::DeleteObjectsService`` over ``ci_deleted_objects``.
 
-Beyond seed 004 (its impact list names the stored files): rows whose ``pick_up_at`` has passed are
-taken 100 at a time (``FOR UPDATE SKIP LOCKED``, each batch one transaction); a local file
-(``file_store = 1``) is removed from ``<root>/<store_dir>/<file>`` and its row deleted. A file already
-gone counts as removed. Object-storage rows (``file_store = 2``) need a storage backend: they are
-counted and left. A path that would leave the root (``..``, absolute, or through a symbolic link
-anywhere below the root), or a local row with no root configured, is reported and left, never guessed at.
+Beyond ``Ci::BulkDeleteExpiredJobArtifactsWorker``, which only records the stored files: rows whose
+``pick_up_at`` has passed are taken 100 at a time (``FOR UPDATE SKIP LOCKED``, each batch one
+transaction); a local file (``file_store = 1``) is removed from ``<root>/<store_dir>/<file>`` and its
+row deleted. A file already gone counts as removed. Object-storage rows (``file_store = 2``) need a
+storage backend: they are counted and left. A path that would leave the root (``..``, absolute, or
+through a symbolic link anywhere below the root), or a local row with no root configured, is
+reported and left, never guessed at. A dry run takes the same path, looking at each file instead.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import errno
 import os
 import posixpath
 import stat
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, Text, cast, delete, func, select, tuple_
+from sqlalchemy import ColumnElement, Select, Text, cast, delete, func, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
@@ -77,22 +78,23 @@ def _is_link(name: str, dir_fd: int) -> bool:
 
 def remove_file(root: Path, store_dir: str, file: str) -> None:
     """Unlink ``<root>/<store_dir>/<file>`` without following any link below the root (FileNotFoundError if gone)."""
-    with folder_of(root, store_dir, file) as fd:
-        if _is_link(file, fd):  # the link itself would go, but a row naming a link is not GitLab's
-            raise UnsafePath(f"{store_dir}/{file} is a symbolic link, not a stored file")
+    with _stored_file(root, store_dir, file) as fd:
         os.unlink(file, dir_fd=fd)
 
 
-def file_exists(root: Path, store_dir: str, file: str) -> bool:
-    """Whether :func:`remove_file` would find the file (dry run); raises UnsafePath where it would refuse."""
-    try:
-        with folder_of(root, store_dir, file) as fd:
-            if _is_link(file, fd):
-                raise UnsafePath(f"{store_dir}/{file} is a symbolic link, not a stored file")
-            os.stat(file, dir_fd=fd, follow_symlinks=False)
-            return True
-    except FileNotFoundError:
-        return False
+def find_file(root: Path, store_dir: str, file: str) -> None:
+    """:func:`remove_file` touching nothing (a dry run): FileNotFoundError if gone, UnsafePath if it would refuse."""
+    with _stored_file(root, store_dir, file) as fd:
+        os.stat(file, dir_fd=fd, follow_symlinks=False)
+
+
+@contextmanager
+def _stored_file(root: Path, store_dir: str, file: str) -> Iterator[int]:
+    """The folder of a stored file (:func:`folder_of`), refusing a file that is a symbolic link."""
+    with folder_of(root, store_dir, file) as fd:
+        if _is_link(file, fd):  # the link itself would go, but a row naming a link is not GitLab's
+            raise UnsafePath(f"{store_dir}/{file} is a symbolic link, not a stored file")
+        yield fd
 
 
 def due(schema: GitLabSchema, now: dt.datetime) -> ColumnElement[bool]:
@@ -135,8 +137,12 @@ class FilesResult:
         self.refused += batch.refused
 
 
-def _remove(root: Path | None, obj, batch: FilesBatch, report_error: Callable[[int, BaseException], None]) -> bool:
-    """Remove one row's file; True when the row may go."""
+def _file_of(
+    root: Path | None, obj, batch: FilesBatch, handle: Callable[[Path, str, str], None],
+    report_error: Callable[[int, BaseException], None],
+) -> bool:
+    """One row's file, through ``handle`` (:func:`remove_file`, or :func:`find_file` in a dry run), sorted into
+    ``batch``; True when the row may go."""
     if obj.file_store != FILE_STORE_LOCAL:
         batch.object_storage.append(obj.id)
         return False
@@ -144,7 +150,7 @@ def _remove(root: Path | None, obj, batch: FilesBatch, report_error: Callable[[i
         batch.no_root.append(obj.id)
         return False
     try:
-        remove_file(root, obj.store_dir, obj.file)
+        handle(root, obj.store_dir, obj.file)
     except FileNotFoundError:
         batch.missing.append(obj.id)
         return True
@@ -156,6 +162,20 @@ def _remove(root: Path | None, obj, batch: FilesBatch, report_error: Callable[[i
     return True
 
 
+def due_query(schema: GitLabSchema, now: dt.datetime, limit: int) -> Select:
+    """The first ``limit`` due rows, oldest ``pick_up_at`` first.
+
+    pick_up_at comes as PostgreSQL's text: a row GitLab wrote with a year-1 or BC pick_up_at has no
+    Python datetime, and must not stop every run.
+    """
+    d = schema.ci_deleted_objects
+    pick_up_at = cast(d.c.pick_up_at, Text).label("pick_up_at")
+    return (
+        select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, pick_up_at)
+        .where(due(schema, now)).order_by(d.c.pick_up_at, d.c.id).limit(limit)
+    )
+
+
 def destroy_batch(
     engine: Engine, schema: GitLabSchema, root: Path | None, now: dt.datetime, after: tuple | None, batch_size: int,
     report_error: Callable[[int, BaseException], None],
@@ -163,22 +183,18 @@ def destroy_batch(
     """One transaction: lock the next due rows, remove their files, delete the rows whose file is gone.
 
     Rows are paged by ``(pick_up_at, id)`` so a row that is left is not taken again in the same run.
-    Returns the batch and the page key to continue after (None when no row was left to take). The key
-    holds pick_up_at as PostgreSQL's text: a row GitLab wrote with a year-1 or BC pick_up_at has no
-    Python datetime, and must not stop every run.
+    Returns the batch and the page key to continue after (None when no row was left to take).
     """
     d = schema.ci_deleted_objects
-    pick_up_at = cast(d.c.pick_up_at, Text).label("pick_up_at")
-    query = select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, pick_up_at).where(due(schema, now))
+    query = due_query(schema, now, batch_size).with_for_update(skip_locked=True)
     if after is not None:
         query = query.where(tuple_(d.c.pick_up_at, d.c.id) > after)
-    query = query.order_by(d.c.pick_up_at, d.c.id).limit(batch_size).with_for_update(skip_locked=True)
     batch = FilesBatch()
     with engine.begin() as conn:
         objects = conn.execute(query).all()
         if not objects:
             return batch, None
-        gone = [obj.id for obj in objects if _remove(root, obj, batch, report_error)]
+        gone = [obj.id for obj in objects if _file_of(root, obj, batch, remove_file, report_error)]
         if gone:
             conn.execute(delete(d).where(d.c.id.in_(gone)))
     last = objects[-1]
@@ -188,28 +204,15 @@ def destroy_batch(
 def count_due(conn: Connection, schema: GitLabSchema, now: dt.datetime) -> dict[int, int]:
     """Due rows per ``file_store`` (dry run and planning)."""
     d = schema.ci_deleted_objects
-    return dict(conn.execute(select(d.c.file_store, func.count()).where(due(schema, now)).group_by(d.c.file_store)).all())
+    counts = select(d.c.file_store, func.count()).where(due(schema, now)).group_by(d.c.file_store)
+    return dict(conn.execute(counts).all())
 
 
 def preview(conn: Connection, schema: GitLabSchema, root: Path | None, now: dt.datetime, limit: int) -> FilesBatch:
     """Dry run: what a run would do with the first ``limit`` due rows, touching nothing."""
-    d = schema.ci_deleted_objects
     batch = FilesBatch()
-    rows = conn.execute(
-        select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file).where(due(schema, now)).order_by(d.c.pick_up_at, d.c.id).limit(limit)
-    ).all()
-    for obj in rows:
-        if obj.file_store != FILE_STORE_LOCAL:
-            batch.object_storage.append(obj.id)
-        elif root is None:
-            batch.no_root.append(obj.id)
-        else:
-            try:
-                exists = file_exists(root, obj.store_dir, obj.file)
-            except (UnsafePath, OSError) as e:
-                batch.refused.append((obj.id, str(e)))
-                continue
-            (batch.removed if exists else batch.missing).append(obj.id)
+    for obj in conn.execute(due_query(schema, now, limit)):
+        _file_of(root, obj, batch, find_file, lambda row_id, error: None)
     return batch
 
 

@@ -1,4 +1,4 @@
-"""Seed 004, ``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and its ``Ci::BulkDeleteExpiredJobArtifactsWorker``.
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` and its ``Ci::BulkDeleteExpiredJobArtifactsWorker``.
 
 The rule, without Dagster: the scheduler reads the feature flags and keeps the Redis buckets whole
 (:mod:`ci_cleanup.gitlab.artifact_buckets`); each bucket worker claims a bucket and deletes that
@@ -10,22 +10,34 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
-import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 from sqlalchemy import (
-    BigInteger, ColumnElement, FromClause, Integer, Numeric, Select, Text, and_, any_, bindparam, case, cast, delete,
-    func, insert, or_, select,
+    BigInteger,
+    ColumnElement,
+    FromClause,
+    Integer,
+    Numeric,
+    Select,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab import artifact_buckets
-from ..gitlab.feature_flags import feature_enabled
 from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, FILE_STORE_LOCAL, TIMESTAMPTZ, GitLabSchema, utc_now
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
@@ -51,7 +63,7 @@ class Flags:
 
 
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
-    """The seed's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
+    """The cron worker's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
 
     The bucket workers read the same query in each batch's statement (:func:`batch_statement`).
     """
@@ -61,13 +73,16 @@ def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
 
 @functools.lru_cache(maxsize=8)
 def flags_query(schema: GitLabSchema) -> Select:
-    """Both flags in one row (each as :func:`feature_enabled` reads it: the boolean gate set to true)."""
+    """Both flags in one row, each as :func:`ci_cleanup.gitlab.feature_flags.feature_enabled` reads it (the boolean
+    gate set to true)."""
     gates = schema.feature_gates
+    high_concurrency = func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG)
     return select(
         func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), False).label("enabled"),
-        case((func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG), MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
+        case((high_concurrency, MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
     ).where(
-        gates.c.feature_key == any_(array([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG])),  # no expanding IN to render per batch
+        # An array, not an expanding IN, which would be rendered again for every batch.
+        gates.c.feature_key == any_(array([FEATURE_FLAG, HIGH_CONCURRENCY_FLAG])),
         gates.c.key == "boolean", gates.c.value == "true",
     )
 
@@ -94,7 +109,9 @@ def expired_in_bucket(
     )
 
 
-def count_expired_by_bucket(conn: Connection, schema: GitLabSchema, now: dt.datetime, max_buckets: int, ids_limit: int) -> dict[int, tuple[int, list[int]]]:
+def count_expired_by_bucket(
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, max_buckets: int, ids_limit: int
+) -> dict[int, tuple[int, list[int]]]:
     """Dry run: per bucket, how many expired deletable artifacts there are and the first ``ids_limit`` ids."""
     found = {}
     for bucket in range(max_buckets):
@@ -106,42 +123,21 @@ def count_expired_by_bucket(conn: Connection, schema: GitLabSchema, now: dt.date
     return found
 
 
-def hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
-    """GitLab's ``JobArtifactUploader#hashed_path``: ``h[0:2]/h[2:4]/h/<created UTC YYYY_MM_DD>/<job_id>/<id>``."""
-    h = hashlib.sha256(str(project_id).encode()).hexdigest()
-    day = created_at.astimezone(dt.timezone.utc).strftime("%Y_%m_%d")
-    return f"{h[0:2]}/{h[2:4]}/{h}/{day}/{job_id}/{artifact_id}"
-
-
-def deleted_object(artifact: Row, now: dt.datetime) -> dict | None:
-    """The ``ci_deleted_objects`` row for a deleted artifact (``Ci::JobArtifact#to_deleted_object_attrs``).
-
-    None when the artifact names no stored file (GitLab's ``bulk_import`` skips those too). The batch
-    statement computes the same in SQL (:func:`deleted_objects_select`); this is the per-row
-    reference the tests compare it with (and the benchmark's per-row loop uses).
-    """
-    if artifact.file_final_path:
-        store_dir, file = posixpath.dirname(artifact.file_final_path), posixpath.basename(artifact.file_final_path)
-    elif artifact.file and artifact.created_at is not None:
-        store_dir, file = hashed_store_dir(artifact.project_id, artifact.created_at, artifact.job_id, artifact.id), artifact.file
-    else:
-        return None
-    pick_up_at = min(max(artifact.expire_at, now - PICK_UP_AT_EARLIEST), now + PICK_UP_AT_LATEST)
-    return dict(
-        file_store=artifact.file_store if artifact.file_store is not None else 1,
-        store_dir=store_dir, file=file, project_id=artifact.project_id, pick_up_at=pick_up_at,
-    )
-
-
 def deleted_objects_select(artifacts: FromClause) -> Select:
-    """:func:`deleted_object` in SQL: the ``ci_deleted_objects`` rows for ``artifacts`` (the table, or the deleted rows).
+    """``Ci::JobArtifact#to_deleted_object_attrs``: the ``ci_deleted_objects`` rows for ``artifacts`` (the table,
+    or the deleted rows).
+
+    An artifact that names no stored file has none (GitLab's ``Ci::DeletedObject.bulk_import`` skips it).
+    When ``file_final_path`` is set, ``store_dir`` is its dirname and ``file`` its basename; else GitLab's
+    hashed path (``JobArtifactUploader#hashed_path``: ``h[0:2]/h[2:4]/h/<created UTC YYYY_MM_DD>/<job_id>/<id>``
+    with ``h`` the sha256 of project_id) and ``file``.
 
     Bound parameters ``earliest`` and ``latest``: the pick_up_at clamp, computed in Python
     (``interval '1 day'`` would follow the session time zone's DST, a timedelta does not).
     The day of the hashed path is created_at's UTC day, whatever the session time zone.
     """
     a = artifacts.c
-    final_path = func.nullif(a.file_final_path, "")  # Python's ``if file_final_path`` skips "" too
+    final_path = func.nullif(a.file_final_path, "")  # an empty file_final_path is none (Rails' ``present?``)
     # posixpath.split: the head is everything up to the last "/", trailing slashes stripped unless it is all slashes.
     head = func.regexp_replace(final_path, "[^/]*$", "")
     dirname = case((head.regexp_match("^/*$"), head), else_=func.rtrim(head, "/"))
@@ -175,10 +171,12 @@ class DeletedBatch:
 
 
 def expired_batch_query(
-    schema: GitLabSchema, bucket: int | ColumnElement[int], max_buckets: int | ColumnElement[int], now: dt.datetime, batch_size: int,
+    schema: GitLabSchema, bucket: int | ColumnElement[int], max_buckets: int | ColumnElement[int], now: dt.datetime,
+    batch_size: int,
     after: tuple = START,
 ) -> Select:
-    """The bucket's next ``batch_size`` expired artifacts after ``after`` (expire_at, id), locked for this worker (``FOR UPDATE SKIP LOCKED``).
+    """The bucket's next ``batch_size`` expired artifacts after ``after`` (expire_at, id), locked for this worker
+    (``FOR UPDATE SKIP LOCKED``).
 
     The worker's cursor: each batch starts where the last one ended instead of at the oldest expired
     artifact, so it does not read again past the rows of the other buckets (and the dead rows it
@@ -205,10 +203,11 @@ def batch_statement(schema: GitLabSchema) -> Select:
 
     ``WITH flags AS (…), deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE
     SKIP LOCKED>)) RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted)
-    SELECT enabled, max_buckets, <the last (expire_at, id) deleted>, ids, size, deleted_objects``. The candidates are gated on the flags
-    read by the same statement (feature on, bucket below max_buckets; else nothing is read or deleted),
-    so the worker stops on a flag change exactly as when it read them first. Bound per batch: bucket,
-    now, limit, the worker's cursor (after_expire_at, after_id), and the pick_up_at bounds.
+    SELECT enabled, max_buckets, <the last (expire_at, id) deleted>, ids, size, deleted_objects``. The
+    candidates are gated on the flags read by the same statement (feature on, bucket below max_buckets;
+    else nothing is read or deleted), so the worker stops on a flag change exactly as when it read them
+    first. Bound per batch: bucket, now, limit, the worker's cursor (after_expire_at, after_id), and the
+    pick_up_at bounds.
     """
     a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
     flags = flags_query(schema).cte("flags")
@@ -220,15 +219,22 @@ def batch_statement(schema: GitLabSchema) -> Select:
     ).where(select(flags.c.enabled).scalar_subquery(), bucket < max_buckets)
     deleted = (
         delete(a).where(a.c.id == any_(func.array(picked.scalar_subquery())))
-        .returning(a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path, a.c.expire_at, a.c.created_at, a.c.size)
+        .returning(
+            a.c.id, a.c.project_id, a.c.job_id, a.c.file, a.c.file_store, a.c.file_final_path, a.c.expire_at,
+            a.c.created_at, a.c.size,
+        )
         .cte("deleted")
     )
     recorded = (
-        insert(d).from_select(["file_store", "store_dir", "file", "project_id", "pick_up_at"], deleted_objects_select(deleted))
+        insert(d)
+        .from_select(["file_store", "store_dir", "file", "project_id", "pick_up_at"], deleted_objects_select(deleted))
         .returning(d.c.id)
         .cte("recorded")
     )
-    last = select(deleted.c.expire_at, deleted.c.id).order_by(deleted.c.expire_at.desc(), deleted.c.id.desc()).limit(1).subquery()
+    last = (
+        select(deleted.c.expire_at, deleted.c.id)
+        .order_by(deleted.c.expire_at.desc(), deleted.c.id.desc()).limit(1).subquery()
+    )
     return select(
         flags.c.enabled,
         flags.c.max_buckets,
@@ -243,12 +249,16 @@ def batch_statement(schema: GitLabSchema) -> Select:
 def delete_batch(
     conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: tuple = START
 ) -> DeletedBatch:
-    """One statement, in the caller's transaction: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
+    """One statement, in the caller's transaction: delete up to ``batch_size`` expired artifacts of the bucket and
+    record their files.
 
     ``FOR UPDATE SKIP LOCKED`` keeps two workers (or a worker and a live GitLab) off the same rows.
     The transaction commits both or neither: a worker that dies mid-batch leaves the batch untouched.
     """
-    params = {"bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1], **pick_up_at_bounds(now)}
+    params = {
+        "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
+        **pick_up_at_bounds(now),
+    }
     found = conn.execute(batch_statement(schema), params).one()
     return DeletedBatch(
         flags=Flags(enabled=found.enabled, max_buckets=found.max_buckets),
@@ -259,7 +269,7 @@ def delete_batch(
 
 @dataclass
 class WorkerResult:
-    """One bucket worker's run, with the seed's log fields."""
+    """One bucket worker's run, with the fields ``Ci::BulkDeleteExpiredJobArtifactsWorker`` logs."""
 
     mod_bucket: int | None = None  # None: no bucket was available
     destroyed_job_artifacts_count: int = 0
@@ -284,12 +294,13 @@ def run_bucket_worker(
     on_batch: Callable[[int, DeletedBatch], None] = lambda bucket, batch: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> WorkerResult:
-    """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches`` batches or ``max_runtime``, release it.
+    """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches``
+    batches or ``max_runtime``, release it.
 
     Each batch's statement reads the flags again: the worker stops early, that batch deleting nothing,
     when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each
-    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no
-    ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
+    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`).
+    There is no ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
     as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
     """
     result = WorkerResult()

@@ -1,7 +1,7 @@
-"""Seed 001, ``Ci::Runners::StaleManagersCleanupService``: delete runner machines that stopped contacting.
+"""``Ci::Runners::StaleManagersCleanupService``: delete runner machines that stopped contacting.
 
 The rule, without Dagster: delete stale ``ci_runner_machines`` rows in sub-batches of 100, each its
-own transaction, until a pass deletes nothing or 1000 are gone. There is no lease: the seed relies on
+own transaction, until a pass deletes nothing or 1000 are gone. There is no lease: GitLab relies on
 idempotence, and the count of each ``DELETE … RETURNING`` is what this run itself removed, so two
 runs at once delete every row once and their counts add up.
 """
@@ -25,7 +25,7 @@ MAX_DELETIONS = 1000
 
 @dataclass
 class CleanupResult:
-    """What the seed logs when done: ``total_deleted`` and ``batch_counts``."""
+    """What the service returns and its cron worker logs: ``total_deleted`` and ``batch_counts``."""
 
     max_deletions: int
     total_deleted: int = 0
@@ -33,7 +33,7 @@ class CleanupResult:
 
     @property
     def max_deletions_reached(self) -> bool:
-        # The seed's alert "MAX_DELETIONS reached run after run": the backlog outgrows the cap.
+        # Worth an alert when reached run after run: the backlog outgrows the cap.
         return self.total_deleted >= self.max_deletions
 
 
@@ -41,7 +41,7 @@ def stale_deadline(now: dt.datetime, stale_after: dt.timedelta = STALE_TIMEOUT) 
     """``Ci::RunnerManager.stale_deadline``; the columns are timestamptz, so an aware UTC moment."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (ci_runner_machines uses timestamptz)")
-    return now.astimezone(dt.timezone.utc) - stale_after
+    return now.astimezone(dt.UTC) - stale_after
 
 
 def stale(schema: GitLabSchema, deadline: dt.datetime) -> ColumnElement[bool]:
@@ -93,14 +93,17 @@ def stale_ids_query(schema: GitLabSchema, deadline: dt.datetime, limit: int) -> 
     """
     m = schema.ci_runner_machines
     order = (m.c.contacted_at.desc(), m.c.id.desc())  # index_ci_runner_machines_on_contacted_at_desc_and_id_desc
-    contacted = select(m.c.id).where(m.c.contacted_at <= deadline, m.c.created_at <= deadline).order_by(*order).limit(limit)
+    contacted = (
+        select(m.c.id).where(m.c.contacted_at <= deadline, m.c.created_at <= deadline).order_by(*order).limit(limit)
+    )
     never = select(m.c.id).where(m.c.contacted_at.is_(None), m.c.created_at <= deadline).order_by(*order).limit(limit)
     both = union_all(contacted, never).subquery()
     return select(both.c.id).limit(limit)
 
 
 def delete_sub_batch_statement(schema: GitLabSchema, deadline: dt.datetime, limit: int):
-    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) AND stale RETURNING id``: the ids are found first, then deleted by primary key.
+    """``DELETE … WHERE id = ANY(ARRAY(stale ids)) AND stale RETURNING id``: the ids are found first, then deleted
+    by primary key.
 
     The stale condition is repeated on the DELETE itself: a runner that checks in (``contacted_at``
     moves to now) after the ids were read is re-checked by PostgreSQL when its row is locked, and kept.
@@ -129,7 +132,8 @@ def delete_stale_runner_managers(
     with engine.connect() as conn:  # one connection for the run, one transaction per sub-batch
         while True:
             # The last pass never overshoots the cap.
-            deleted = delete_sub_batch(conn, schema, deadline, min(sub_batch_limit, max_deletions - result.total_deleted))
+            limit = min(sub_batch_limit, max_deletions - result.total_deleted)
+            deleted = delete_sub_batch(conn, schema, deadline, limit)
             result.batch_counts.append(len(deleted))
             result.total_deleted += len(deleted)
             on_sub_batch(deleted)

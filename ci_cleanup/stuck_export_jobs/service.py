@@ -1,11 +1,12 @@
-"""Seed 002, ``StuckExportJobsWorker``: fail project exports whose Sidekiq job is gone.
+"""``StuckExportJobsWorker``: fail project exports whose Sidekiq job is gone.
 
 The rule, without Dagster: page through queued and started export jobs by id, ask Sidekiq's Redis
-in one pipelined EXISTS per chunk which of their jids are completed (status key absent), and fail those still
-queued or started under the same jid (a job may have finished or been re-enqueued meanwhile),
-sparing parallel exports inside their 6-hour grace. The seed re-reads the rows, then fails each in
-its own transaction; here one UPDATE per chunk carries the re-read's conditions, the jobs it did
-not fail are re-read to say why, and a chunk the database refuses is failed row by row.
+in one pipelined EXISTS per chunk which of their jids are completed (status key absent), and fail
+those still queued or started under the same jid (a job may have finished or been re-enqueued
+meanwhile), sparing parallel exports inside their 6-hour grace. The worker re-reads the rows, then
+fails each in its own transaction; here the re-read's rule is written once (:func:`_checked_and_outcome`):
+one UPDATE per chunk carries it, the jobs it did not fail are re-read to say why, and a chunk the
+database refuses is failed job by job by the same UPDATE for one job.
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
-from sqlalchemy import BigInteger, Integer, Select, String, and_, bindparam, case, cast, exists, func, not_, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
@@ -116,38 +132,44 @@ def ask_sidekiq(queues: redis.Redis, candidates: list[Row]) -> tuple[StuckChunk,
     return chunk, completed
 
 
-def _checked_and_grace(schema: GitLabSchema):
-    """The ``(:ids, :jids)`` pairs checked with Sidekiq, and the seed's grace for a parallel export.
+def _checked_and_outcome(schema: GitLabSchema):
+    """The ``(:ids, :jids)`` pairs checked with Sidekiq, and the rule: what the re-read decides for each job.
 
-    The pairs are two array literals (see completed_params): a list of 1000 pairs costs more to
-    send, compile and plan than to run.
+    ``left`` (no longer queued or started), ``reenqueued`` (another jid owns the export now),
+    ``parallel_in_grace`` (it has relation exports and is younger than ``:grace_cutoff``), or ``stuck``
+    (to be failed). The pairs are two array literals (see completed_params): a list of 1000 pairs costs
+    more to send, compile and plan than to run.
     """
     j, r = schema.project_export_jobs, schema.project_relation_exports
-    ids, jids = cast(bindparam("ids", type_=String), ARRAY(BigInteger)), cast(bindparam("jids", type_=String), ARRAY(String))
+    ids = cast(bindparam("ids", type_=String), ARRAY(BigInteger))
+    jids = cast(bindparam("jids", type_=String), ARRAY(String))
     checked = func.unnest(ids, jids).table_valued("id", "jid").render_derived(name="checked")
     # created_at first: PostgreSQL evaluates it before the subquery, which only a young job then needs.
-    in_grace = and_(j.c.created_at > bindparam("grace_cutoff", type_=TIMESTAMPTZ), exists().where(r.c.project_export_job_id == j.c.id))
-    return checked, in_grace
+    young = j.c.created_at > bindparam("grace_cutoff", type_=TIMESTAMPTZ)
+    in_grace = and_(young, exists().where(r.c.project_export_job_id == j.c.id))
+    outcome = case(
+        (or_(j.c.id.is_(None), j.c.status.not_in(ENQUEUED)), "left"),
+        (j.c.jid != checked.c.jid, "reenqueued"),
+        (in_grace, "parallel_in_grace"),
+        else_="stuck",
+    )
+    return checked, outcome
+
+
+def _enqueued_by_id(j, checked) -> ColumnElement[bool]:
+    # The status beside the id, though the rule checks it too: without it the planner expects every
+    # job to match and reads the whole table (a hash join) instead of the checked ids by primary key.
+    return and_(j.c.id == checked.c.id, j.c.status.in_(ENQUEUED))
 
 
 @functools.lru_cache(maxsize=8)
 def reread_statement(schema: GitLabSchema) -> Select:
-    """The seed's re-read of the completed jobs: one ``outcome`` per ``(:ids, :jids)`` pair, writing nothing.
-
-    ``left`` (no longer queued or started), ``reenqueued`` (another jid owns the export now),
-    ``parallel_in_grace``, or ``stuck`` (to be failed).
-    """
+    """The worker's re-read of the completed jobs: one ``outcome`` per ``(:ids, :jids)`` pair, writing nothing."""
     j = schema.project_export_jobs
-    checked, in_grace = _checked_and_grace(schema)
-    outcome = case(
-        (j.c.id.is_(None), "left"),
-        (j.c.jid != checked.c.jid, "reenqueued"),
-        (in_grace, "parallel_in_grace"),
-        else_="stuck",
-    ).label("outcome")
+    checked, outcome = _checked_and_outcome(schema)
     return (
-        select(checked.c.id, checked.c.jid, outcome)
-        .select_from(checked.outerjoin(j, and_(j.c.id == checked.c.id, j.c.status.in_(ENQUEUED))))
+        select(checked.c.id, checked.c.jid, outcome.label("outcome"))
+        .select_from(checked.outerjoin(j, _enqueued_by_id(j, checked)))
         .order_by(checked.c.id)
     )
 
@@ -156,16 +178,15 @@ def reread_statement(schema: GitLabSchema) -> Select:
 def fail_statement(schema: GitLabSchema) -> Select:
     """Fail every ``(:ids, :jids)`` pair the re-read would call stuck, in one guarded UPDATE; one row, the failed ids.
 
-    The re-read's rule is the UPDATE's condition (still enqueued, same jid, not a parallel export in
-    its grace): a job finished or re-enqueued after the statement's snapshot is re-checked by
-    PostgreSQL when its row lock is taken, and left as it is. The ids come back as one array
-    (``NULL`` if none), not a row each.
+    The re-read's rule is the UPDATE's condition: a job finished or re-enqueued after the statement's
+    snapshot is re-checked by PostgreSQL when its row lock is taken, and left as it is. The ids come
+    back as one array (``NULL`` if none), not a row each. For one pair, the per-job fallback.
     """
     j = schema.project_export_jobs
-    checked, in_grace = _checked_and_grace(schema)
+    checked, outcome = _checked_and_outcome(schema)
     failed = (
         update(j)
-        .where(j.c.id == checked.c.id, j.c.jid == checked.c.jid, j.c.status.in_(ENQUEUED), not_(in_grace))
+        .where(_enqueued_by_id(j, checked), outcome == "stuck")
         .values(status=EXPORT_FAILED, updated_at=bindparam("now", type_=TIMESTAMPTZ))
         .returning(j.c.id)
         .cte("failed")
@@ -185,15 +206,18 @@ def completed_params(completed: Sequence[Row], grace_cutoff: dt.datetime) -> dic
     return {"ids": "{" + ids + "}", "jids": "{" + jids + "}", "grace_cutoff": grace_cutoff}
 
 
-def classify(conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: list[Row], grace_cutoff: dt.datetime) -> None:
-    """Read-only: re-read completed jobs and sort them into ``chunk`` (a dry run, a refused chunk, the jobs not failed)."""
+def classify(
+    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: list[Row], grace_cutoff: dt.datetime
+) -> None:
+    """Read-only: re-read completed jobs and sort them into ``chunk`` (dry run, refused chunk, jobs not failed)."""
     if not jobs:
         return
+    not_stuck = dict(left=chunk.left_meanwhile, reenqueued=chunk.reenqueued, parallel_in_grace=chunk.parallel_in_grace)
     for job in conn.execute(reread_statement(schema), completed_params(jobs, grace_cutoff)):
         if job.outcome == "stuck":
             chunk.stuck.append(job)
         else:
-            {"left": chunk.left_meanwhile, "reenqueued": chunk.reenqueued, "parallel_in_grace": chunk.parallel_in_grace}[job.outcome].append(job.id)
+            not_stuck[job.outcome].append(job.id)
 
 
 def find_stuck(
@@ -206,7 +230,8 @@ def find_stuck(
 
 
 def fail_completed(
-    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime, now: dt.datetime
+    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime,
+    now: dt.datetime,
 ) -> FailOutcome:
     """Fail the chunk's completed jobs in one statement (all or nothing); re-read only the ones it did not fail.
 
@@ -216,7 +241,7 @@ def fail_completed(
     """
     if not completed:
         return FailOutcome()
-    failed_ids = set(conn.scalar(fail_statement(schema), {**completed_params(completed, grace_cutoff), "now": now}) or ())
+    failed_ids = _fail(conn, schema, completed, grace_cutoff, now)
     outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids])
     classify(conn, schema, chunk, [job for job in completed if job.id not in failed_ids], grace_cutoff)
     outcome.changed_meanwhile = [job.id for job in chunk.stuck]
@@ -224,28 +249,24 @@ def fail_completed(
     return outcome
 
 
-def fail_export_job(conn: Connection, schema: GitLabSchema, job_id: int, jid: str, now: dt.datetime) -> bool:
-    """GitLab's ``fail_op``, in its own transaction, only if the job is still enqueued under the jid we checked."""
-    j = schema.project_export_jobs
-    with conn.begin():
-        failed = conn.execute(
-            update(j)
-            .where(and_(j.c.id == job_id, j.c.status.in_(ENQUEUED), j.c.jid == jid))
-            .values(status=EXPORT_FAILED, updated_at=now)
-            .returning(j.c.id)
-        ).first()
-    return failed is not None
+def _fail(
+    conn: Connection, schema: GitLabSchema, jobs: Sequence[Row], grace_cutoff: dt.datetime, now: dt.datetime
+) -> set[int]:
+    """Run :func:`fail_statement` for these ``(id, jid)`` rows, in the caller's transaction: the ids it failed."""
+    return set(conn.scalar(fail_statement(schema), {**completed_params(jobs, grace_cutoff), "now": now}) or ())
 
 
 def fail_stuck_one_by_one(
-    conn: Connection, schema: GitLabSchema, stuck: list[Row], now: dt.datetime,
+    conn: Connection, schema: GitLabSchema, stuck: list[Row], grace_cutoff: dt.datetime, now: dt.datetime,
     report_error: Callable[[int, BaseException], None],
 ) -> FailOutcome:
-    """Fail each stuck job alone; a row that errors is reported and the others go on (the seed's RecordInvalid case)."""
+    """Fail each stuck job alone, by :func:`fail_statement` in its own transaction; a row that errors is
+    reported and the others go on (the worker's ``RecordInvalid`` case)."""
     outcome = FailOutcome()
     for job in stuck:
         try:
-            failed = fail_export_job(conn, schema, job.id, job.jid, now)
+            with conn.begin():
+                failed = _fail(conn, schema, [job], grace_cutoff, now)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -260,14 +281,14 @@ def fail_stuck_one_by_one(
 
 
 def fail_chunk(
-    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime, now: dt.datetime,
-    report_error: Callable[[int, BaseException], None],
+    conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Row], grace_cutoff: dt.datetime,
+    now: dt.datetime, report_error: Callable[[int, BaseException], None],
 ) -> FailOutcome:
-    """The chunk's statement in its own transaction; if the database refuses it (a bad row), re-read and fail each job alone.
+    """The chunk's statement in its own transaction; if the database refuses it (a bad row), each job alone.
 
-    Each row ends as the seed's record-level transactions leave it: the statement is all or
+    Each row ends as the worker's record-level transactions leave it: the statement is all or
     nothing, and when it fails every stuck job is retried in its own transaction, the bad one
-    reported and the others failed (the seed's RecordInvalid case).
+    reported and the others failed (the worker's ``RecordInvalid`` case).
     """
     try:
         with conn.begin():
@@ -277,7 +298,7 @@ def fail_chunk(
             raise
     with conn.begin():
         classify(conn, schema, chunk, completed, grace_cutoff)
-    return fail_stuck_one_by_one(conn, schema, chunk.stuck, now, report_error)
+    return fail_stuck_one_by_one(conn, schema, chunk.stuck, grace_cutoff, now, report_error)
 
 
 def mark_stuck_jobs_as_failed(
