@@ -52,7 +52,7 @@ def _loop(engine: Engine, on_batch, batch: Callable[..., int]) -> int:
 
 
 def _per_row(engine: Engine, page_sql: str, params: dict, handle: Callable) -> int:
-    """Read a page of candidate ids (100, as ``each_batch`` would), then read and write each row in its own transaction."""
+    """Read a page of candidate ids (100, as ``each_batch`` would), then read and write each row in a transaction."""
     total, after = 0, 0
     while True:
         with engine.connect() as conn:
@@ -86,7 +86,8 @@ def drop_raw(engine, client, on_batch):
         WITH dropped AS (
           UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, :now),
                  updated_at = :now, lock_version = coalesce(lock_version, 0) + 1
-          WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {CANCELING} ORDER BY created_at, project_id, id LIMIT 100))
+          WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {CANCELING}
+                               ORDER BY created_at, project_id, id LIMIT 100))
             AND {CANCELING}
           RETURNING id),
         pending AS (DELETE FROM ci_pending_builds WHERE build_id IN (SELECT id FROM dropped)),
@@ -100,11 +101,13 @@ def drop_per_row(engine, client, on_batch):
     params = _drop_params()
 
     def drop(conn, build_id):  # Ci::Build#drop! : read, then UPDATE … WHERE lock_version = read one
-        build = conn.execute(text(f"SELECT id, lock_version FROM p_ci_builds WHERE id = :id AND {CANCELING}"), {**params, "id": build_id}).first()
+        read = text(f"SELECT id, lock_version FROM p_ci_builds WHERE id = :id AND {CANCELING}")
+        build = conn.execute(read, {**params, "id": build_id}).first()
         if build is None:
             return 0
-        n = conn.execute(text("""UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = :now, updated_at = :now,
-                                 lock_version = lock_version + 1 WHERE id = :id AND lock_version = :lv"""),
+        n = conn.execute(text("""UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = :now,
+                                 updated_at = :now, lock_version = lock_version + 1
+                                 WHERE id = :id AND lock_version = :lv"""),
                          {**params, "id": build_id, "lv": build.lock_version}).rowcount
         conn.execute(text("DELETE FROM ci_pending_builds WHERE build_id = :id"), {"id": build_id})
         conn.execute(text("DELETE FROM ci_running_builds WHERE build_id = :id"), {"id": build_id})
@@ -141,11 +144,13 @@ def stale_per_row(engine, client, on_batch):
     params = {"deadline": stale_machines.stale_deadline(utc_now())}
 
     def destroy(conn, machine_id):  # RunnerManager#destroy: read, then delete that row
-        if conn.execute(text(f"SELECT id FROM ci_runner_machines WHERE id = :id AND {STALE}"), {**params, "id": machine_id}).first() is None:
+        read = text(f"SELECT id FROM ci_runner_machines WHERE id = :id AND {STALE}")
+        if conn.execute(read, {**params, "id": machine_id}).first() is None:
             return 0
         return conn.execute(text("DELETE FROM ci_runner_machines WHERE id = :id"), {"id": machine_id}).rowcount
 
-    return _per_row(engine, f"SELECT id FROM ci_runner_machines WHERE {STALE} AND id > :after ORDER BY id LIMIT 100", params, destroy)
+    page = f"SELECT id FROM ci_runner_machines WHERE {STALE} AND id > :after ORDER BY id LIMIT 100"
+    return _per_row(engine, page, params, destroy)
 
 
 # -- stuck_export_jobs ---------------------------------------------------------------------------
@@ -161,13 +166,14 @@ def exports_raw(engine, client, on_batch):
     total, after = 0, 0
     while True:
         with engine.begin() as conn:
-            page = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 1000"),
-                                {"after": after}).all()
+            page = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > :after "
+                                     "ORDER BY id LIMIT 1000"), {"after": after}).all()
             if not page:
                 return total
             completed = sidekiq_status.completed_jids(client, [r.jid for r in page])
             ids = [r.id for r in page if r.jid in completed]
-            total += conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now WHERE id = ANY(:ids) AND status IN (0, 1)"),
+            total += conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now "
+                                       "WHERE id = ANY(:ids) AND status IN (0, 1)"),
                                   {"ids": ids, "now": utc_now()}).rowcount
         after = page[-1].id
         on_batch()
@@ -175,13 +181,16 @@ def exports_raw(engine, client, on_batch):
 
 def exports_per_row(engine, client, on_batch):
     def fail(conn, job_id):  # read the job, ask Sidekiq about its jid, fail it if still enqueued under that jid
-        job = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE id = :id AND status IN (0, 1)"), {"id": job_id}).first()
+        read = text("SELECT id, jid FROM project_export_jobs WHERE id = :id AND status IN (0, 1)")
+        job = conn.execute(read, {"id": job_id}).first()
         if job is None or client.exists(sidekiq_status.status_key(job.jid)):
             return 0
-        return conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now WHERE id = :id AND jid = :jid AND status IN (0, 1)"),
-                            {"id": job_id, "jid": job.jid, "now": utc_now()}).rowcount
+        fail = text("UPDATE project_export_jobs SET status = 3, updated_at = :now "
+                    "WHERE id = :id AND jid = :jid AND status IN (0, 1)")
+        return conn.execute(fail, {"id": job_id, "jid": job.jid, "now": utc_now()}).rowcount
 
-    return _per_row(engine, "SELECT id FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 100", {}, fail)
+    page = "SELECT id FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 100"
+    return _per_row(engine, page, {}, fail)
 
 
 # -- environments_auto_stop ----------------------------------------------------------------------
@@ -190,7 +199,9 @@ DUE = "state = 'available' AND auto_stop_at < :now"
 
 
 def envs_job(engine, client, on_batch):
-    result = auto_stop.auto_stop_environments(engine, S, max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1), on_batch=lambda b: on_batch())
+    result = auto_stop.auto_stop_environments(
+        engine, S, max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1), on_batch=lambda b: on_batch()
+    )
     return result.counts[auto_stop.STOPPED] + result.counts[auto_stop.STOPPING]
 
 
@@ -199,18 +210,21 @@ def envs_raw(engine, client, on_batch):
     total, after, now = 0, 0, utc_now()
     while True:
         with engine.begin() as conn:
-            ids = list(conn.scalars(text(f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100"), {"now": now, "after": after}))
+            page = text(f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100")
+            ids = list(conn.scalars(page, {"now": now, "after": after}))
             if not ids:
                 return total
             with_actions = set(conn.scalars(text("""
                 SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
                   WHERE d.environment_id = e.id AND d.status = 2 ORDER BY d.id DESC LIMIT 1) last
                 JOIN p_ci_builds deployable ON deployable.id = last.deployable_id
-                JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop AND stop.type = 'Ci::Build'
+                JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop
+                                     AND stop.type = 'Ci::Build'
                 WHERE e.id = ANY(:ids)"""), {"ids": ids}))
-            total += conn.execute(text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
-                                           WHERE id = ANY(:ids) AND {DUE} AND auto_stop_setting = 0"""),
-                                  {"ids": [i for i in ids if i not in with_actions], "now": now, "naive": naive_utc(now)}).rowcount
+            stop = text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
+                            WHERE id = ANY(:ids) AND {DUE} AND auto_stop_setting = 0""")
+            without = [i for i in ids if i not in with_actions]
+            total += conn.execute(stop, {"ids": without, "now": now, "naive": naive_utc(now)}).rowcount
         after = ids[-1]
         on_batch()
 
@@ -219,14 +233,19 @@ def envs_per_row(engine, client, on_batch):
     now = utc_now()
 
     def stop(conn, env_id):  # Environment#stop_with_actions!: read it and its last deployment, then stop it
-        env = conn.execute(text(f"SELECT id, auto_stop_setting FROM environments WHERE id = :id AND {DUE}"), {"id": env_id, "now": now}).first()
+        read = text(f"SELECT id, auto_stop_setting FROM environments WHERE id = :id AND {DUE}")
+        env = conn.execute(read, {"id": env_id, "now": now}).first()
         if env is None:
             return 0
-        conn.execute(text("SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id AND status = 2 ORDER BY id DESC LIMIT 1"), {"id": env_id}).first()
-        return conn.execute(text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive WHERE id = :id AND {DUE}"),
-                            {"id": env_id, "now": now, "naive": naive_utc(now)}).rowcount
+        last = text("SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id AND status = 2 "
+                    "ORDER BY id DESC LIMIT 1")
+        conn.execute(last, {"id": env_id}).first()
+        stop = text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive "
+                    f"WHERE id = :id AND {DUE}")
+        return conn.execute(stop, {"id": env_id, "now": now, "naive": naive_utc(now)}).rowcount
 
-    return _per_row(engine, f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100", {"now": now}, stop)
+    page = f"SELECT id FROM environments WHERE {DUE} AND id > :after ORDER BY id LIMIT 100"
+    return _per_row(engine, page, {"now": now}, stop)
 
 
 # -- schedule_bulk_delete_job_artifacts ----------------------------------------------------------
@@ -266,13 +285,15 @@ def artifacts_raw(engine, client, on_batch):
           RETURNING project_id, file_store, file_final_path, expire_at),
         recorded AS (
           INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
-          SELECT file_store, regexp_replace(file_final_path, '/[^/]*$', ''), regexp_replace(file_final_path, '^.*/', ''),
-                 project_id, least(greatest(expire_at, :now - interval '1 day'), :now + interval '1 hour')
+          SELECT file_store, regexp_replace(file_final_path, '/[^/]*$', ''),
+                 regexp_replace(file_final_path, '^.*/', ''), project_id,
+                 least(greatest(expire_at, :now - interval '1 day'), :now + interval '1 hour')
           FROM deleted WHERE file_final_path IS NOT NULL)
         SELECT count(*) FROM deleted""")
     total = 0
     for bucket in range(bulk_delete.MAX_BUCKETS):
-        total += _loop(engine, on_batch, lambda conn: conn.scalar(sql, {"now": utc_now(), "bucket": bucket}))
+        params = {"bucket": bucket}
+        total += _loop(engine, on_batch, lambda conn, params=params: conn.scalar(sql, {**params, "now": utc_now()}))
     return total
 
 
@@ -289,7 +310,8 @@ def artifacts_per_row(engine, client, on_batch):
         conn.execute(text("DELETE FROM p_ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
         return 1
 
-    return _per_row(engine, f"SELECT id FROM p_ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100", {"now": now}, destroy)
+    page = f"SELECT id FROM p_ci_job_artifacts WHERE {EXPIRED} AND id > :after ORDER BY id LIMIT 100"
+    return _per_row(engine, page, {"now": now}, destroy)
 
 
 # Per registered batch on GitLab's tables: its service, the floor and the per-row loop.
