@@ -50,8 +50,15 @@ INTERVAL_SECONDS = int(os.environ.get(INTERVAL_ENV, "30"))
 START_TIME_SLACK_SECONDS = 1.0
 
 
-def _last_runs(context, job_name: str, limit: int, statuses=(DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)):
-    return context.instance.get_runs(RunsFilter(job_name=job_name, statuses=list(statuses)), limit=limit)
+SUCCEEDED = (DagsterRunStatus.SUCCESS,)
+FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)
+
+
+def _in_a_row(context, n: int, holds, statuses=FINISHED) -> list:
+    """The job's last ``n`` finished runs (of ``statuses``) when ``holds`` is true of every one of them, else []."""
+    filters = RunsFilter(job_name=context.dagster_run.job_name, statuses=list(statuses))
+    runs = context.instance.get_runs(filters, limit=n)
+    return runs if len(runs) == n and all(holds(r) for r in runs) else []
 
 
 @run_failure_sensor(
@@ -72,8 +79,7 @@ def run_failed_alert(context: RunFailureSensorContext):
 )
 def repeated_failures_alert(context: RunFailureSensorContext):
     run = context.dagster_run
-    runs = _last_runs(context, run.job_name, FAILURES_IN_A_ROW)
-    if len(runs) == FAILURES_IN_A_ROW and all(r.status == DagsterRunStatus.FAILURE for r in runs):
+    if runs := _in_a_row(context, FAILURES_IN_A_ROW, lambda r: r.status == DagsterRunStatus.FAILURE):
         send_alert(
             "repeated_failures", f"ci_cleanup: {run.job_name} failed {FAILURES_IN_A_ROW} runs in a row",
             job=run.job_name, run_ids=[r.run_id for r in runs],
@@ -89,8 +95,7 @@ def max_deletions_backlog_alert(context: RunStatusSensorContext):
     run = context.dagster_run
     if run.tags.get(MAX_DELETIONS_TAG) != "true":
         return
-    runs = _last_runs(context, run.job_name, BACKLOG_RUNS, statuses=[DagsterRunStatus.SUCCESS])
-    if len(runs) == BACKLOG_RUNS and all(r.tags.get(MAX_DELETIONS_TAG) == "true" for r in runs):
+    if runs := _in_a_row(context, BACKLOG_RUNS, lambda r: r.tags.get(MAX_DELETIONS_TAG) == "true", SUCCEEDED):
         send_alert(
             "max_deletions_backlog",
             f"ci_cleanup: {run.job_name} reached its deletion cap {BACKLOG_RUNS} runs in a row; "
@@ -117,8 +122,7 @@ def lease_held_alert(context: RunStatusSensorContext):
             "every run will skip; delete the key once no GitLab process holds it",
             job=run.job_name, run_id=run.run_id, lease=key,
         )
-    runs = _last_runs(context, run.job_name, SKIPPED_RUNS, statuses=[DagsterRunStatus.SUCCESS])
-    if len(runs) == SKIPPED_RUNS and all(r.tags.get(SKIPPED_TAG) for r in runs):
+    if runs := _in_a_row(context, SKIPPED_RUNS, lambda r: r.tags.get(SKIPPED_TAG), SUCCEEDED):
         send_alert(
             "skipped_in_a_row",
             f"ci_cleanup: {run.job_name} skipped {SKIPPED_RUNS} runs in a row ({run.tags[SKIPPED_TAG]})",
