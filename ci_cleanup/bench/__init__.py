@@ -1,1 +1,1 @@
-"""Seeding at GitLab.com scale and the ``ci-cleanup bench`` benchmark (issue 8)."""
+"""Seeding at GitLab.com scale and the ``ci-cleanup bench`` benchmark."""

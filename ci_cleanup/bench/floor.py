@@ -51,7 +51,7 @@ def _prepare(cur, name: str, statement: str) -> None:
     cur.execute("PREPARE " + name + " " + statement)  # fixed text: the name and the statement are constants
 
 
-# -- drop_canceling_builds: candidates in the seed's order, dropped if still outdated and canceling, out of the queues
+# -- drop_canceling_builds: candidates in GitLab's order, dropped if still outdated and canceling, out of the queues
 
 DROP = """(timestamp, timestamp, int) AS
 WITH dropped AS (

@@ -1,4 +1,4 @@
-"""GitLab's buckets for bulk-deleting expired job artifacts, in SharedState Redis (SPEC §3).
+"""GitLab's buckets for bulk-deleting expired job artifacts, in SharedState Redis.
 
 Artifacts are split into ``max_buckets`` buckets by ``MOD(project_id + job_id, max_buckets)``; a worker
 owns one bucket at a time, so parallel workers never fight over the same rows. Free buckets are a SET,
@@ -96,7 +96,7 @@ class BucketState:
 
 @dataclass(frozen=True)
 class ScheduledBuckets:
-    """The seed's end-of-run log line."""
+    """What the scheduler did to the buckets: its end-of-run log line (``ScheduleBulkDeleteJobArtifactCronWorker``)."""
 
     max_buckets: int
     available_count: int  # as read before the missing buckets were added

@@ -1,1 +1,2 @@
-"""Seed 004: bulk deletion of expired job artifacts in Redis buckets, and the removal of their stored files."""
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker``: bulk deletion of expired job artifacts in Redis buckets, and the
+removal of their stored files (``Ci::DeleteObjectsWorker``)."""

@@ -1,1 +1,1 @@
-"""Seed 001: ``Ci::Runners::StaleMachinesCleanupCronWorker``, delete runner machines that stopped contacting."""
+"""``Ci::Runners::StaleMachinesCleanupCronWorker``: delete runner machines that stopped contacting GitLab."""
