@@ -49,7 +49,8 @@ KEEPERS = 20  # rows of each kind the job must leave alone
 # --------------------------------------------------------------------------- audit: every write, per row
 
 AUDIT_TABLES = (
-    "p_ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "p_ci_job_artifacts", "ci_deleted_objects",
+    "p_ci_builds", "ci_runner_machines", "project_export_jobs", "environments", "p_ci_job_artifacts",
+    "ci_deleted_objects",
 )
 AUDIT_DDL = """
 CREATE TABLE IF NOT EXISTS reliability_audit (
@@ -93,7 +94,8 @@ def remove_audit(engine: Engine) -> None:
 
 def changed_more_than_once(conn: Connection) -> list[tuple]:
     return conn.execute(text(
-        "SELECT tbl, row_id, count(*), string_agg(op || ':' || coalesce(old_state, '') || '>' || coalesce(new_state, ''), ' ' ORDER BY id) "
+        "SELECT tbl, row_id, count(*), "
+        "string_agg(op || ':' || coalesce(old_state, '') || '>' || coalesce(new_state, ''), ' ' ORDER BY id) "
         "FROM reliability_audit GROUP BY tbl, row_id HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
     )).all()
 
@@ -229,8 +231,10 @@ class DropCancelingBuilds(Scenario):
     def seed(self, conn, client, n):
         old, recent = naive_utc(utc_now() - dt.timedelta(hours=2)), naive_utc(utc_now() - dt.timedelta(minutes=5))
         insert = (
-            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at, runner_id) "
-            "SELECT 100 + g % 3, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), :updated, 7 "
+            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, "
+            "created_at, updated_at, runner_id) "
+            "SELECT 100 + g % 3, g % 50, 1, 'rspec', 'Ci::Build', :status, 0, :created - make_interval(secs => g), "
+            ":updated, 7 "
             "FROM generate_series(1, :n) g"
         )
         conn.execute(text(insert), dict(status="canceling", created=old, updated=old, n=n))
@@ -258,7 +262,8 @@ class DropCancelingBuilds(Scenario):
         builds = _rows(conn, "ci_builds", ids)
         for build_id in ids:
             what = rows.get(build_id)
-            untouched = what == ("canceling", 0, None, False, True, True) and builds[build_id] == seeded.snapshot[build_id]
+            untouched = (what == ("canceling", 0, None, False, True, True)
+                         and builds[build_id] == seeded.snapshot[build_id])
             _sort(state, build_id, what == ("failed", 1, 3, True, False, False), untouched, what)
         return state
 
@@ -266,15 +271,18 @@ class DropCancelingBuilds(Scenario):
         # A user cancels the build (canceled), or the runner reports on it (touched: no longer outdated).
         now = naive_utc(utc_now())
         if rng.random() < 0.5:
-            sql = "UPDATE p_ci_builds SET status = 'canceled', finished_at = :now, updated_at = :now, lock_version = lock_version + 1"
+            sql = ("UPDATE p_ci_builds SET status = 'canceled', finished_at = :now, updated_at = :now, "
+                   "lock_version = lock_version + 1")
         else:
             sql = "UPDATE p_ci_builds SET updated_at = :now, lock_version = lock_version + 1"
-        query = text(sql + " WHERE id IN :ids AND status = 'canceling' RETURNING id, status, lock_version, updated_at").bindparams(
-            bindparam("ids", expanding=True))
+        query = text(
+            sql + " WHERE id IN :ids AND status = 'canceling' RETURNING id, status, lock_version, updated_at"
+        ).bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": now, "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, status, lock_version, updated_at FROM p_ci_builds WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, status, lock_version, updated_at FROM p_ci_builds WHERE id IN :ids").bindparams(
+            bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
@@ -284,20 +292,25 @@ class StaleRunnerMachines(Scenario):
     batch = BY_NAME["stale_runner_machines_cleanup"]
 
     def run_config(self, batch: int) -> dict:
-        return {"ops": {"find_stale_runner_machines": {"config": {"sub_batch_size": batch, "max_deletions": batch * 1000}}}}
+        config = {"sub_batch_size": batch, "max_deletions": batch * 1000}
+        return {"ops": {"find_stale_runner_machines": {"config": config}}}
 
     def seed(self, conn, client, n):
         now = utc_now()
         insert = (
-            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at, contacted_at) "
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, "
+            "updated_at, contacted_at) "
             "SELECT g, md5(random()::text), 1 + g % 3, CASE WHEN g % 3 > 0 THEN g END, :created, :created, "
             "CASE WHEN g % 3 = 0 THEN NULL ELSE :contacted - make_interval(secs => g) END "
             "FROM generate_series(1, :n) g"
         )
         month, week = now - dt.timedelta(days=30), now - dt.timedelta(days=8)
         conn.execute(text(insert), dict(created=month, contacted=week, n=n))
-        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN false")), dict(created=month, contacted=now - dt.timedelta(hours=1) + dt.timedelta(seconds=KEEPERS), n=KEEPERS))
-        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN true")), dict(created=now - dt.timedelta(days=1), contacted=week, n=KEEPERS))
+        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN false")),
+                     dict(created=month, contacted=now - dt.timedelta(hours=1) + dt.timedelta(seconds=KEEPERS),
+                          n=KEEPERS))
+        conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN true")),
+                     dict(created=now - dt.timedelta(days=1), contacted=week, n=KEEPERS))
 
     def keeper_ids(self, conn, n):
         return {"ci_runner_machines": list(range(n + 1, n + 2 * KEEPERS + 1))}
@@ -306,7 +319,8 @@ class StaleRunnerMachines(Scenario):
         rows = _rows(conn, "ci_runner_machines", ids)
         state = State()
         for machine_id in ids:
-            _sort(state, machine_id, machine_id not in rows, rows.get(machine_id) == seeded.snapshot[machine_id], rows.get(machine_id))
+            _sort(state, machine_id, machine_id not in rows, rows.get(machine_id) == seeded.snapshot[machine_id],
+                  rows.get(machine_id))
         return state
 
     def done_count(self, metadata):
@@ -314,12 +328,15 @@ class StaleRunnerMachines(Scenario):
 
     def write(self, conn, ids, rng):
         # The runner checks in (Ci::RunnerManager#heartbeat): contacted_at moves to now.
-        query = text("UPDATE ci_runner_machines SET contacted_at = :now, updated_at = :now WHERE id IN :ids RETURNING id, contacted_at").bindparams(
-            bindparam("ids", expanding=True))
+        query = text(
+            "UPDATE ci_runner_machines SET contacted_at = :now, updated_at = :now WHERE id IN :ids "
+            "RETURNING id, contacted_at"
+        ).bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, contacted_at FROM ci_runner_machines WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, contacted_at FROM ci_runner_machines WHERE id IN :ids").bindparams(
+            bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
@@ -364,12 +381,15 @@ class StuckExportJobs(Scenario):
 
     def write(self, conn, ids, rng):
         # The export finishes (ProjectExportJob#finish!).
-        query = text("UPDATE project_export_jobs SET status = 2, updated_at = :now WHERE id IN :ids AND status IN (0, 1) RETURNING id, status, updated_at").bindparams(
-            bindparam("ids", expanding=True))
+        query = text(
+            "UPDATE project_export_jobs SET status = 2, updated_at = :now WHERE id IN :ids AND status IN (0, 1) "
+            "RETURNING id, status, updated_at"
+        ).bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, status, updated_at FROM project_export_jobs WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, status, updated_at FROM project_export_jobs WHERE id IN :ids").bindparams(
+            bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
@@ -389,24 +409,30 @@ class EnvironmentsAutoStop(Scenario):
         now = utc_now()
         naive = naive_utc(now - dt.timedelta(days=3))
         env = (
-            "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, updated_at) "
-            "SELECT g, 1, 'review/' || g, 'review-' || g, :state, :stop_at, :setting, :naive, :naive FROM generate_series(:a, :b) g"
+            "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at, auto_stop_setting, created_at, "
+            "updated_at) "
+            "SELECT g, 1, 'review/' || g, 'review-' || g, :state, :stop_at, :setting, :naive, :naive "
+            "FROM generate_series(:a, :b) g"
         )
         due = now - dt.timedelta(hours=1)
         conn.execute(text(env), dict(state="available", stop_at=due, setting=0, naive=naive, a=1, b=n))
-        conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive, a=n + 1, b=n + KEEPERS))
-        conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive, a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
+        conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive,
+                                     a=n + 1, b=n + KEEPERS))
+        conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive,
+                                     a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
         build = (
-            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, created_at, updated_at) "
+            "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, "
+            "created_at, updated_at) "
             "SELECT 100 + g % 3, 1, :pipeline + g, :name, 'Ci::Build', :status, 0, :naive, :naive "
             "FROM generate_series(1, :n) g WHERE g % 2 = 1"
         )
         conn.execute(text(build), dict(pipeline=PIPELINE, name="deploy", status="success", naive=naive, n=n))
         conn.execute(text(build), dict(pipeline=PIPELINE, name="stop_review", status="manual", naive=naive, n=n))
         conn.execute(text(
-            "INSERT INTO deployments (iid, project_id, environment_id, ref, tag, sha, status, deployable_type, deployable_id, "
-            "on_stop, created_at, updated_at) "
-            "SELECT b.commit_id - :pipeline, 1, b.commit_id - :pipeline, 'main', false, repeat('a', 40), 2, 'CommitStatus', b.id, "
+            "INSERT INTO deployments (iid, project_id, environment_id, ref, tag, sha, status, deployable_type, "
+            "deployable_id, on_stop, created_at, updated_at) "
+            "SELECT b.commit_id - :pipeline, 1, b.commit_id - :pipeline, 'main', false, repeat('a', 40), 2, "
+            "'CommitStatus', b.id, "
             "'stop_review', :naive, :naive FROM p_ci_builds b WHERE b.name = 'deploy' AND b.commit_id > :pipeline"
         ), dict(pipeline=PIPELINE, naive=naive))
 
@@ -415,7 +441,8 @@ class EnvironmentsAutoStop(Scenario):
 
     def classify(self, conn, client, seeded, ids):
         query = text(
-            "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, s.queued_at IS NOT NULL AS queued, "
+            "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, "
+            "s.queued_at IS NOT NULL AS queued, "
             "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending "
             "FROM environments e LEFT JOIN p_ci_builds s ON s.commit_id = :pipeline + e.id AND s.name = 'stop_review' "
             "WHERE e.id IN :ids"
@@ -440,11 +467,12 @@ class EnvironmentsAutoStop(Scenario):
     def write(self, conn, ids, rng):
         # A new deployment starts the environment again: auto_stop_at moves a day ahead.
         query = text(
-            "UPDATE environments SET auto_stop_at = :later, updated_at = :naive WHERE id IN :ids AND state = 'available' "
-            "RETURNING id, state, auto_stop_at"
+            "UPDATE environments SET auto_stop_at = :later, updated_at = :naive "
+            "WHERE id IN :ids AND state = 'available' RETURNING id, state, auto_stop_at"
         ).bindparams(bindparam("ids", expanding=True))
         now = utc_now()
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"later": now + dt.timedelta(days=1), "naive": naive_utc(now), "ids": ids})}
+        params = {"later": now + dt.timedelta(days=1), "naive": naive_utc(now), "ids": ids}
+        return {r.id: tuple(r)[1:] for r in conn.execute(query, params)}
 
     def read_written(self, conn, ids):
         # The environment as written, and its stop action never played.
@@ -478,14 +506,18 @@ class BulkDeleteJobArtifacts(Scenario):
             "VALUES ('bulk_delete_job_artifacts', 'boolean', 'true', now(), now())"
         ))
         insert = (
-            "INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, locked, expire_at, created_at, updated_at) "
-            "SELECT 100 + g % 3, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, :created FROM generate_series(1, :n) g"
+            "INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store, "
+            "locked, expire_at, created_at, updated_at) "
+            "SELECT 100 + g % 3, g % 7, :job + g, :file_type, 1000, 'artifacts.zip', 1, :locked, :expire_at, :created, "
+            ":created FROM generate_series(1, :n) g"
         )
         expired, week = now - dt.timedelta(days=2), now - dt.timedelta(days=7)
         conn.execute(text(insert), dict(job=0, file_type=1, locked=0, expire_at=expired, created=week, n=n))
         conn.execute(text(insert), dict(job=n, file_type=1, locked=1, expire_at=expired, created=week, n=KEEPERS))
-        conn.execute(text(insert), dict(job=n + KEEPERS, file_type=3, locked=0, expire_at=expired, created=week, n=KEEPERS))  # trace
-        conn.execute(text(insert), dict(job=n + 2 * KEEPERS, file_type=1, locked=0, expire_at=now + dt.timedelta(days=1), created=week, n=KEEPERS))
+        conn.execute(text(insert), dict(job=n + KEEPERS, file_type=3, locked=0, expire_at=expired, created=week,
+                                        n=KEEPERS))  # trace
+        conn.execute(text(insert), dict(job=n + 2 * KEEPERS, file_type=1, locked=0,
+                                        expire_at=now + dt.timedelta(days=1), created=week, n=KEEPERS))
 
     def keeper_ids(self, conn, n):
         return {"ci_job_artifacts": list(range(n + 1, n + 3 * KEEPERS + 1))}
@@ -514,12 +546,15 @@ class BulkDeleteJobArtifacts(Scenario):
 
     def write(self, conn, ids, rng):
         # The pipeline's artifacts get locked (Ci::UnlockArtifactsService's opposite: a ref keeps them).
-        query = text("UPDATE p_ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids RETURNING id, locked, updated_at").bindparams(
-            bindparam("ids", expanding=True))
+        query = text(
+            "UPDATE p_ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids "
+            "RETURNING id, locked, updated_at"
+        ).bindparams(bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
 
     def read_written(self, conn, ids):
-        query = text("SELECT id, locked, updated_at FROM p_ci_job_artifacts WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT id, locked, updated_at FROM p_ci_job_artifacts WHERE id IN :ids").bindparams(
+            bindparam("ids", expanding=True))
         return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
 
 
@@ -644,9 +679,11 @@ class ForkedRun:
         return found
 
 
-def fork_run(scenario: Scenario, stack, run_config: dict, parent_engines, *, lease_ttl: int | None = None, barrier=None) -> ForkedRun:
+def fork_run(scenario: Scenario, stack, run_config: dict, parent_engines, *, lease_ttl: int | None = None,
+             barrier=None) -> ForkedRun:
     receive, send = FORK.Pipe(duplex=False)
-    process = FORK.Process(target=_child_run, args=(send, scenario, stack, run_config, lease_ttl, barrier, parent_engines), daemon=True)
+    process = FORK.Process(target=_child_run,
+                           args=(send, scenario, stack, run_config, lease_ttl, barrier, parent_engines), daemon=True)
     process.start()
     send.close()
     return ForkedRun(process, receive)
@@ -673,8 +710,8 @@ class CliRun:
             for record in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_OUTPUT):
                 if record.step_key == report_op:
                     metadata = plain({k: v.value for k, v in record.dagster_event.step_output_data.metadata.items()})
-            return {"run_id": run.run_id, "success": run.status == DagsterRunStatus.SUCCESS and self.process.returncode == 0,
-                    "metadata": metadata, "log": self.log.read_text()[-3000:]}
+            success = run.status == DagsterRunStatus.SUCCESS and self.process.returncode == 0
+            return {"run_id": run.run_id, "success": success, "metadata": metadata, "log": self.log.read_text()[-3000:]}
         finally:
             instance.dispose()
 
@@ -689,7 +726,8 @@ def start_cli(scenario: Scenario, stack, home: Path, run_config: dict) -> CliRun
     with log.open("w") as out:
         process = subprocess.Popen(
             [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", scenario.name, "-c", str(config)],
-            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url, DAGSTER_HOME=str(home)),
+            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+                          DAGSTER_HOME=str(home)),
             stdout=out, stderr=subprocess.STDOUT, cwd=home,
         )
     return CliRun(home, process, log)
@@ -766,7 +804,8 @@ def _writer(send, stop, scenario: Scenario, url: str, candidates: list[int], see
 def start_writer(scenario: Scenario, url: str, candidates: list[int], seed: int, parent_engines):
     receive, send = FORK.Pipe(duplex=False)
     stop = FORK.Event()
-    process = FORK.Process(target=_writer, args=(send, stop, scenario, url, candidates, seed, parent_engines), daemon=True)
+    process = FORK.Process(target=_writer, args=(send, stop, scenario, url, candidates, seed, parent_engines),
+                           daemon=True)
     process.start()
     send.close()
 
@@ -811,7 +850,8 @@ def execute(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, *
     )
 
 
-def _killable_run(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, lease_ttl: int | None, send, parent_engines) -> None:
+def _killable_run(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, lease_ttl: int | None, send,
+                  parent_engines) -> None:
     for engine in parent_engines:
         engine.dispose(close=False)
     scenario.shorten_lease(lease_ttl)  # this process only: the dead run's lease must expire soon
@@ -830,7 +870,8 @@ class CrashSettings:
 
 
 def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str) -> dict:
-    """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row, let the next run finish."""
+    """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row, let the next run
+    finish."""
     import redis
 
     engine, client = create_engine(db_url, pool_size=2), redis.Redis.from_url(redis_url)
@@ -845,7 +886,9 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
             seeded = scenario.reset_and_seed(engine, client, settings.n)
             keep = client_backends(engine)
             receive, send = FORK.Pipe(duplex=False)
-            run = FORK.Process(target=_killable_run, args=(scenario, db_url, redis_url, config, settings.lease_ttl if scenario.lease else None, send, [engine]), daemon=True)
+            lease_ttl = settings.lease_ttl if scenario.lease else None
+            run = FORK.Process(target=_killable_run,
+                               args=(scenario, db_url, redis_url, config, lease_ttl, send, [engine]), daemon=True)
             run.start()
             send.close()
             run.join(rng.uniform(0, settings.kill_within))
@@ -858,7 +901,8 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
                 finished = receive.recv() if receive.poll(10) else {"success": False, "errors": ["no result"]}
                 if not finished["success"] and any("Lost lease" in e for e in finished["errors"]):
                     # A run stalled past the short test TTL stops itself (the job's own guard), changing nothing more.
-                    figures["stopped_after_losing_the_short_lease"] = figures.get("stopped_after_losing_the_short_lease", 0) + 1
+                    stopped = "stopped_after_losing_the_short_lease"
+                    figures[stopped] = figures.get(stopped, 0) + 1
                 elif not finished["success"]:
                     violations.append(f"trial {trial}: the run finished before the kill but failed: {finished}")
             receive.close()
@@ -871,7 +915,8 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
             if scenario.lease and client.exists(scenario.lease):
                 waited = wait_for_lease_to_expire(client, scenario.lease, settings.lease_ttl)
                 figures["lease_left_by_dead_run_then_expired"] += 1
-                figures["longest_wait_for_lease_expiry_s"] = round(max(figures["longest_wait_for_lease_expiry_s"], waited), 2)
+                longest = figures["longest_wait_for_lease_expiry_s"]
+                figures["longest_wait_for_lease_expiry_s"] = round(max(longest, waited), 2)
 
             to_do, done_by_next = len(state.untouched), 0
             stale = []
@@ -882,9 +927,12 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
                     first = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
                     done_by_next += first["destroyed_job_artifacts_count"]
                     # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
-                    held = {i for i in state.untouched if (seeded.snapshot[i].project_id + seeded.snapshot[i].job_id) % 5 in occupied}
-                    if set(first["buckets_processed"]) & set(occupied) or not held <= scenario.check(engine, client, seeded).untouched:
-                        violations.append(f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
+                    held = {i for i in state.untouched
+                            if (seeded.snapshot[i].project_id + seeded.snapshot[i].job_id) % 5 in occupied}
+                    if (set(first["buckets_processed"]) & set(occupied)
+                            or not held <= scenario.check(engine, client, seeded).untouched):
+                        violations.append(
+                            f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
                     figures["dead_workers_buckets_skipped_then_recovered"] += len(occupied)
                 # ...and is recovered once ten minutes have passed.
                 stale = age_occupied_buckets(client)
@@ -909,7 +957,8 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
     return {"figures": figures, "violations": violations[:50]}
 
 
-def _series_process(send, scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str, parent_engines) -> None:
+def _series_process(send, scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str,
+                    parent_engines) -> None:
     import traceback
 
     for engine in parent_engines:
@@ -920,10 +969,12 @@ def _series_process(send, scenario: Scenario, db_url: str, redis_url: str, setti
         send.send({"figures": {}, "violations": [traceback.format_exc()]})
 
 
-def start_crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str, parent_engines):
+def start_crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str,
+                       parent_engines):
     """One job's trials in a process of their own (their own database and Redis db), so the five series overlap."""
     receive, send = FORK.Pipe(duplex=False)
-    process = FORK.Process(target=_series_process, args=(send, scenario, db_url, redis_url, settings, seed, parent_engines))
+    process = FORK.Process(target=_series_process,
+                           args=(send, scenario, db_url, redis_url, settings, seed, parent_engines))
     process.start()
     send.close()
 

@@ -47,7 +47,8 @@ def test_outdated_canceling_build_is_dropped(stack, engine, redis_client):
     assert_dropped(engine, build_id)
     assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
     report = op_metadata(result, "report_dropped_builds")
-    assert (report["status"], report["rows_changed"], report["dropped_count"], report["batches"]) == ("success", 1, 1, 1)
+    assert (report["status"], report["rows_changed"], report["dropped_count"], report["batches"]) == (
+        "success", 1, 1, 1)
     assert redis_client.exists(LEASE) == 0
 
 
@@ -102,13 +103,16 @@ def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_clie
         )
     result = run_job(drop_canceling_builds, stack)
     assert ids(engine, "ci_builds", S.ci_builds.c.status != "failed") == []
-    assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(range(1, 251))
+    assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(
+        range(1, 251))
     report = op_metadata(result, "report_dropped_builds")
     assert (report["dropped_count"], report["batches"]) == (250, 3)
     assert observed_per_batch(result, "dropped") == [100, 100, 50]
 
 
-def test_batches_are_observed_at_a_bounded_rate_with_each_batchs_counts_and_rows(stack, engine, redis_client, monkeypatch):
+def test_batches_are_observed_at_a_bounded_rate_with_each_batchs_counts_and_rows(
+    stack, engine, redis_client, monkeypatch
+):
     builds = [outdated(engine) for _ in range(5)]
     config = {"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}}
 
@@ -118,7 +122,8 @@ def test_batches_are_observed_at_a_bounded_rate_with_each_batchs_counts_and_rows
 
     gathered = observations(run_job(drop_canceling_builds, stack, run_config=config))  # a run shorter than 5 s
     assert [(o["dropped"].value, o["batches"].value) for o in gathered] == [(5, 3)]
-    assert gathered[0]["per_batch"].value == {"dropped": [2, 2, 1], "doomed": [0, 0, 0], "changed_concurrently": [0, 0, 0]}
+    assert gathered[0]["per_batch"].value == {
+        "dropped": [2, 2, 1], "doomed": [0, 0, 0], "changed_concurrently": [0, 0, 0]}
     assert sorted(r.data["build_id"] for r in gathered[0]["dropping_outdated_builds"].value.records) == builds
 
     more = [outdated(engine) for _ in range(3)]
@@ -178,8 +183,10 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
         read = service.find_batch(conn, S, cutoff, 100, set())
     with engine.begin() as conn:  # another process, after we read the batch
         b = S.ci_builds.c
-        conn.execute(update(S.ci_builds).where(b.id == canceled).values(status="canceled", lock_version=b.lock_version + 1))
-        conn.execute(update(S.ci_builds).where(b.id == touched).values(updated_at=naive_ago(), lock_version=b.lock_version + 1))
+        conn.execute(
+            update(S.ci_builds).where(b.id == canceled).values(status="canceled", lock_version=b.lock_version + 1))
+        conn.execute(
+            update(S.ci_builds).where(b.id == touched).values(updated_at=naive_ago(), lock_version=b.lock_version + 1))
         conn.execute(update(S.ci_builds).where(b.id == retried).values(runner_id=99, lock_version=b.lock_version + 1))
     canceled_row, touched_row = row(engine, "ci_builds", canceled), row(engine, "ci_builds", touched)
 
@@ -217,7 +224,8 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
     dropped = create(engine, "ci_builds", created_at=naive_ago(minutes=70), updated_at=naive_ago(minutes=70))
     before = row(engine, "ci_builds", kept)
 
-    run_job(drop_canceling_builds, stack, database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+    run_job(drop_canceling_builds, stack,
+            database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
 
     assert_untouched(engine, kept, before)
     assert_dropped(engine, dropped)

@@ -92,9 +92,11 @@ def test_review_apps_with_stop_actions_go_stopping_and_their_stop_builds_pending
     # the deploy builds are not stop actions
     assert ids(engine, "ci_builds", S.ci_builds.c.name == "deploy", S.ci_builds.c.status == "success") == [1, 3]
     with engine.connect() as conn:  # played builds join the runners' queue
-        assert sorted(conn.execute(text("SELECT build_id, project_id FROM ci_pending_builds")).all()) == [(2, 1), (4, 1)]
+        assert sorted(conn.execute(text("SELECT build_id, project_id FROM ci_pending_builds")).all()) == [
+            (2, 1), (4, 1)]
     meta = report(result)
-    assert (meta["stopping_count"], meta["stop_actions_started"], meta["stopped_count"], meta["rows_changed"]) == (2, 2, 0, 4)
+    assert (meta["stopping_count"], meta["stop_actions_started"], meta["stopped_count"], meta["rows_changed"]) == (
+        2, 2, 0, 4)
     assert meta["stopping_ids"] == [env_id for env_id, _ in apps]
 
 
@@ -166,10 +168,13 @@ def test_with_action_setting_without_stop_actions_is_untouched_and_not_picked_ag
     result = run_job(environments_auto_stop, stack)
 
     assert ids(engine, "environments", S.environments.c.state == "available") == with_action
-    assert len(ids(engine, "environments", S.environments.c.state == "stopped", S.environments.c.auto_stop_at.is_(None))) == 260
+    assert len(ids(engine, "environments", S.environments.c.state == "stopped",
+                   S.environments.c.auto_stop_at.is_(None))) == 260
     meta = report(result)
-    assert (meta["stopped_count"], meta["left_untouched_count"], meta["loops"], meta["limit_reached"]) == (260, 150, 5, None)
-    observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert (meta["stopped_count"], meta["left_untouched_count"], meta["loops"], meta["limit_reached"]) == (
+        260, 150, 5, None)
+    observations = [e.event_specific_data.asset_observation for e in result.all_events
+                    if e.event_type_value == "ASSET_OBSERVATION"]
     assert observed_per_batch(result, "stopped") == [0, 50, 100, 100, 10]
     assert observed_per_batch(result, "left_untouched") == [100, 50, 0, 0, 0]
     assert sum(o.metadata["stopped"].value for o in observations) == 260
@@ -217,7 +222,8 @@ def test_lease_taken_over_mid_run_stops_the_run(stack, engine, redis_client, mon
         return renew(lease)
 
     monkeypatch.setattr(ExclusiveLease, "renew", taken_over)
-    result = run_job(environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": {"batch_size": 1}}}}, raise_on_error=False)
+    result = run_job(environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": {"batch_size": 1}}}},
+                     raise_on_error=False)
 
     assert not result.success
     assert_stopped(engine, first)
@@ -291,7 +297,8 @@ def test_environment_restarted_while_the_batch_statement_waits_on_it_is_not_over
     other = environment(engine)
     locker = engine.connect()
     restart = locker.begin()  # a new deployment pushes auto_stop_at of both, and holds their rows until it commits
-    locker.execute(S.environments.update().where(S.environments.c.id.in_([plain, app])).values(auto_stop_at=ago(days=-1)))
+    locker.execute(
+        S.environments.update().where(S.environments.c.id.in_([plain, app])).values(auto_stop_at=ago(days=-1)))
     out = []
     worker = threading.Thread(target=lambda: out.append(service.auto_stop_environments(engine, S)))
     worker.start()
@@ -308,7 +315,8 @@ def test_environment_restarted_while_the_batch_statement_waits_on_it_is_not_over
     assert result.ids[service.CHANGED_CONCURRENTLY] == [plain, app]
     assert (result.ids[service.STOPPED], result.stop_actions_started) == ([other], 0)
     assert [row(engine, "environments", i).state for i in (plain, app)] == ["available", "available"]
-    assert row(engine, "ci_builds", stop).status == "manual"  # the stop action of an environment left running is not played
+    # the stop action of an environment left running is not played
+    assert row(engine, "ci_builds", stop).status == "manual"
     assert ids(engine, "ci_pending_builds") == []
 
 
@@ -318,7 +326,8 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
     not_due = environment(engine, auto_stop_at=ago(minutes=-5))
     before = row(engine, "environments", not_due)
 
-    run_job(environments_auto_stop, stack, database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+    run_job(environments_auto_stop, stack,
+            database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
 
     assert_stopped(engine, due)  # updated_at written as naive UTC
     assert row(engine, "environments", not_due) == before
@@ -342,13 +351,15 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
     assert (would["would_leave_untouched_count"], would["would_leave_untouched_ids"]) == (1, [kept])
     meta = report(result)
     assert (meta["status"], meta["rows_changed"], meta["stopped_count"], meta["loops"]) == ("dry run", 0, 0, 1)
-    assert (meta["would_stop_count"], meta["would_set_stopping_count"], meta["would_leave_untouched_count"]) == (1, 1, 1)
+    assert (meta["would_stop_count"], meta["would_set_stopping_count"], meta["would_leave_untouched_count"]) == (
+        1, 1, 1)
     assert redis_client.keys("*") == []
     assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
 
 
 @pytest.mark.parametrize(
-    "bad", [{"batch_size": 0}, {"max_loops": 0}, {"max_runtime_minutes": -5}, {"max_runtime_minutes": 50}, {"batch_size": 1_000_000}]
+    "bad", [{"batch_size": 0}, {"max_loops": 0}, {"max_runtime_minutes": -5}, {"max_runtime_minutes": 50},
+            {"batch_size": 1_000_000}]
 )
 def test_invalid_config_is_refused_before_anything_is_written(stack, engine, redis_client, bad):
     env_id = environment(engine)

@@ -26,7 +26,9 @@ from .harness import reset
 
 S = gitlab_schema()
 # The large tables and their partitions (ci_builds_101, instance_type_ci_runner_machines, …).
-LARGE = re.compile(r"(\w+_type_)?(ci_builds|ci_runner_machines|project_export_jobs|environments|ci_job_artifacts|deployments)(_\d+)?")
+LARGE = re.compile(
+    r"(\w+_type_)?(ci_builds|ci_runner_machines|project_export_jobs|environments|ci_job_artifacts|deployments)(_\d+)?"
+)
 NOW = utc_now()
 CUTOFF = NOW - drop_canceling.TIMEOUT
 DEADLINE = stale_machines.stale_deadline(NOW)
@@ -51,13 +53,16 @@ def statements(engine):
     builds = first_ids(engine, drop_canceling.find_batch_query(S, CUTOFF, 100, set()))
     exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
     envs = first_ids(engine, auto_stop.find_batch_query(S, NOW, auto_stop.START, 100))
-    yield "drop_canceling_builds count", select(func.count()).select_from(b).where(drop_canceling.outdated_canceling(S, CUTOFF))
+    yield "drop_canceling_builds count", select(func.count()).select_from(b).where(
+        drop_canceling.outdated_canceling(S, CUTOFF))
     yield "drop_canceling_builds batch", drop_canceling.find_batch_query(S, CUTOFF, 100, set())
-    yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(S, CUTOFF, 100, {r.id for r in builds[:3]})
+    yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(
+        S, CUTOFF, 100, {r.id for r in builds[:3]})
     yield "drop_canceling_builds drop", drop_canceling.drop_statement(S).params(
         cutoff=CUTOFF.replace(tzinfo=None), now=NOW.replace(tzinfo=None), limit=100, exclude=[r.id for r in builds[:3]]
     )
-    yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(stale_machines.stale(S, DEADLINE))
+    yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(
+        stale_machines.stale(S, DEADLINE))
     yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
@@ -79,7 +84,8 @@ def statements(engine):
 def artifact_batch(engine):
     """A bucket worker's batch statement, its cursor at an expired artifact halfway through the backlog."""
     a = S.ci_job_artifacts
-    expired = first_ids(engine, select(a.c.expire_at, a.c.id).where(a.c.expire_at < NOW, a.c.locked == 0).order_by(a.c.expire_at, a.c.id), 1000)
+    query = select(a.c.expire_at, a.c.id).where(a.c.expire_at < NOW, a.c.locked == 0).order_by(a.c.expire_at, a.c.id)
+    expired = first_ids(engine, query, 1000)
     cursor = expired[len(expired) // 2]
     return bulk_delete.batch_statement(S).params(
         bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after_expire_at=cursor.expire_at, after_id=cursor.id,
@@ -105,14 +111,16 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
         for name, statement in statements(seeded):
             checked += 1
             plan = nodes(explain(conn, statement))
-            if scans := [n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
+            if scans := [n["Relation Name"] for n in plan
+                         if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
     assert checked == 14
     assert failures == []
 
 
 def test_artifact_worker_batch_starts_its_index_scan_at_its_cursor(seeded):
-    """Not at the oldest expired artifact: past the other buckets' rows and the dead rows earlier batches left, read again each batch."""
+    """Not at the oldest expired artifact: past the other buckets' rows and the dead rows earlier batches left, read
+    again each batch."""
     with seeded.connect() as conn:
         plan = explain(conn, artifact_batch(seeded))
     scans = [n for n in nodes(plan) if "expire_at" in n.get("Index Name", "")]

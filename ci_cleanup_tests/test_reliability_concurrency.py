@@ -49,7 +49,7 @@ N_CRASH = 300
 CRASH_BATCH = 5  # many commits per run: many points to be killed between (or inside), and a longer run to hit
 TRIALS = 20
 KILL_WITHIN = 1.5  # seconds
-CRASH_LEASE_TTL = 2  # seconds, in the killed run only; a test of the seed's 30/50 minutes would never end
+CRASH_LEASE_TTL = 2  # seconds, in the killed run only; a test of GitLab's 30/50 minutes would never end
 N_WRITER = 2000
 WRITER_BATCH = 20
 
@@ -152,7 +152,8 @@ def test_four_runs_started_at_once_change_each_row_exactly_once(stack, engine, _
     scenario = SCENARIOS[job_name]
     seeded = scenario.reset_and_seed(engine, redis_client, N_CONCURRENT)
     barrier = FORK.Barrier(5)
-    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), [_engine], barrier=barrier) for _ in range(4)]
+    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), [_engine], barrier=barrier)
+              for _ in range(4)]
     watch = LeaseWatch(stack.redis_url, scenario.lease) if scenario.lease else None
     if watch:
         watch.start()
@@ -190,10 +191,13 @@ def crash_targets(stack):
 
 
 def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_next_run_finishes(_engine, crash_targets):
-    """20 seeded trials per job (the five series at once): kill, check every row, the lease expires, the next run finishes."""
-    settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=TRIALS, kill_within=KILL_WITHIN, lease_ttl=CRASH_LEASE_TTL)
+    """20 seeded trials per job (the five series at once): kill, check every row, the lease expires, the next run
+    finishes."""
+    settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=TRIALS, kill_within=KILL_WITHIN,
+                             lease_ttl=CRASH_LEASE_TTL)
     series = {
-        name: start_crash_series(SCENARIOS[name], *crash_targets[name], settings, seed=f"sigkill/{name}", parent_engines=[_engine])
+        name: start_crash_series(SCENARIOS[name], *crash_targets[name], settings, seed=f"sigkill/{name}",
+                                 parent_engines=[_engine])
         for name in JOBS
     }
     outcomes = {name: result() for name, result in series.items()}
@@ -207,7 +211,9 @@ def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_nex
 
 
 @pytest.mark.parametrize("job_name", JOBS)
-def test_changes_made_by_a_concurrent_writer_are_never_overwritten(stack, engine, _engine, redis_client, audit, job_name):
+def test_changes_made_by_a_concurrent_writer_are_never_overwritten(
+    stack, engine, _engine, redis_client, audit, job_name
+):
     scenario = SCENARIOS[job_name]
     seeded = scenario.reset_and_seed(engine, redis_client, N_WRITER)
     finish_writer = start_writer(scenario, stack.url(), seeded.candidates, seed=9, parent_engines=[_engine])
@@ -219,7 +225,8 @@ def test_changes_made_by_a_concurrent_writer_are_never_overwritten(stack, engine
     assert written, "the writer changed nothing"
     with engine.connect() as conn:
         now = scenario.read_written(conn, list(written))
-        twice = changed_more_than_once(conn)  # a written row is changed by the writer alone, the others by the job alone
+        # a written row is changed by the writer alone, the others by the job alone
+        twice = changed_more_than_once(conn)
     overwritten = {row_id: (value, now.get(row_id)) for row_id, value in written.items() if now.get(row_id) != value}
     state = scenario.check(engine, redis_client, seeded, exclude=set(written))
     report = op_metadata(result, scenario.report_op)
@@ -238,7 +245,8 @@ def test_changes_made_by_a_concurrent_writer_are_never_overwritten(stack, engine
 
 
 def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine):
-    """The race the writer test found: the heartbeat commits after the sub-batch read its ids, before the DELETE locks the row."""
+    """The race the writer test found: the heartbeat commits after the sub-batch read its ids, before the DELETE locks
+    the row."""
     from sqlalchemy import text
 
     from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
@@ -246,16 +254,21 @@ def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine)
 
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, contacted_at) "
-            "SELECT g, 'm' || g, 1, now() - interval '30 days', now() - interval '30 days', now() - interval '8 days' "
+            "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, "
+            "contacted_at) "
+            "SELECT g, 'm' || g, 1, now() - interval '30 days', now() - interval '30 days', "
+            "now() - interval '8 days' "
             "FROM generate_series(1, 5) g"
         ))
     heartbeat = engine.connect()
     transaction = heartbeat.begin()
-    contacted_at = heartbeat.execute(text("UPDATE ci_runner_machines SET contacted_at = now() WHERE id = 3 RETURNING contacted_at")).scalar_one()
+    contacted_at = heartbeat.execute(text(
+        "UPDATE ci_runner_machines SET contacted_at = now() WHERE id = 3 RETURNING contacted_at"
+    )).scalar_one()
     deleted: list[int] = []
     delete = threading.Thread(
-        target=lambda: deleted.extend(service.delete_sub_batch(engine, gitlab_schema(), service.stale_deadline(utc_now()), 100))
+        target=lambda: deleted.extend(
+            service.delete_sub_batch(engine, gitlab_schema(), service.stale_deadline(utc_now()), 100))
     )
     delete.start()
     time.sleep(0.3)  # the DELETE has read its ids and now waits for machine 3's row lock

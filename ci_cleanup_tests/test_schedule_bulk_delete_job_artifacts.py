@@ -78,11 +78,12 @@ def worker_metadata(result) -> list[dict]:
 
 def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
     digest = hashlib.sha256(str(project_id).encode("ascii")).hexdigest()
-    return "/".join([digest[:2], digest[2:4], digest, created_at.astimezone(dt.UTC).strftime("%Y_%m_%d"), str(job_id), str(artifact_id)])
+    day = created_at.astimezone(dt.UTC).strftime("%Y_%m_%d")
+    return "/".join([digest[:2], digest[2:4], digest, day, str(job_id), str(artifact_id)])
 
 
 def expected_deleted_object(artifact, now: dt.datetime) -> dict | None:
-    """``Ci::JobArtifact#to_deleted_object_attrs`` in Python, to check the service's SQL against; None: no stored file."""
+    """``Ci::JobArtifact#to_deleted_object_attrs`` in Python, to check the service's SQL; None: no stored file."""
     if artifact.file_final_path:
         store_dir, file = posixpath.dirname(artifact.file_final_path), posixpath.basename(artifact.file_final_path)
     elif artifact.file and artifact.created_at is not None:
@@ -111,7 +112,8 @@ def test_flag_off_touches_nothing(stack, engine, redis_client):
     assert redis_state(redis_client) == before
     assert sorted(redis_client.keys("*")) == sorted([AVAILABLE_KEY.encode(), OCCUPIED_KEY.encode()])
     report = op_metadata(result, REPORT)
-    assert (report["status"], report["rows_changed"], report["workers"]) == ("skipped: bulk_delete_job_artifacts disabled", 0, 0)
+    assert (report["status"], report["rows_changed"], report["workers"]) == (
+        "skipped: bulk_delete_job_artifacts disabled", 0, 0)
     assert worker_metadata(result) == []
 
 
@@ -136,17 +138,22 @@ def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redi
     assert ids(engine, "ci_job_artifacts") == kept
     objects = deleted_objects(engine)
     assert sorted((o.file_store, o.store_dir, o.file, o.project_id) for o in objects) == sorted(
-        (before[i].file_store, expected_hashed_store_dir(before[i].project_id, created_at, before[i].job_id, i), "artifacts.zip", before[i].project_id)
+        (before[i].file_store, expected_hashed_store_dir(before[i].project_id, created_at, before[i].job_id, i),
+         "artifacts.zip", before[i].project_id)
         for i in gone
     )
     assert {o.store_dir.split("/")[3] for o in objects} == {"2024_03_10"}
-    assert sorted(o.pick_up_at for o in objects) == sorted(before[i].expire_at for i in gone)  # within [now-1d, now+1h]
+    # within [now-1d, now+1h]
+    assert sorted(o.pick_up_at for o in objects) == sorted(before[i].expire_at for i in gone)
     report = op_metadata(result, REPORT)
-    assert (report["status"], report["rows_changed"], report["destroyed_job_artifacts_count"], report["size"]) == ("success", 6, 6, 1600)
-    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (5, 0, 0, 0, 5)
+    assert (report["status"], report["rows_changed"], report["destroyed_job_artifacts_count"], report["size"]) == (
+        "success", 6, 6, 1600)
+    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"],
+            report["missing_count"]) == (5, 0, 0, 0, 5)
     assert report["buckets_processed"] == [0, 1, 2, 3, 4]
     workers = worker_metadata(result)
-    assert [(w["mod_bucket"], w["destroyed_job_artifacts_count"], w["artifacts_empty"], w["terminated_early_due_to_scale_down"]) for w in workers] == [
+    assert [(w["mod_bucket"], w["destroyed_job_artifacts_count"], w["artifacts_empty"],
+             w["terminated_early_due_to_scale_down"]) for w in workers] == [
         (0, 2, True, False), (1, 1, True, False), (2, 1, True, False), (3, 1, True, False), (4, 1, True, False)
     ]
     assert redis_state(redis_client) == ({0, 1, 2, 3, 4}, {})
@@ -154,12 +161,14 @@ def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redi
 
 def test_hashed_path_of_one_artifact_is_exact(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
-    gone = artifact(engine, project_id=42, job_id=58, file="job.log.gz", created_at=dt.datetime(2023, 12, 31, 23, 59, tzinfo=dt.UTC))
+    gone = artifact(engine, project_id=42, job_id=58, file="job.log.gz",
+                    created_at=dt.datetime(2023, 12, 31, 23, 59, tzinfo=dt.UTC))
     run_job(schedule_bulk_delete_job_artifacts, stack)
     (obj,) = deleted_objects(engine)
     digest = hashlib.sha256(b"42").hexdigest()
     assert digest.startswith("73475cb4")
-    assert (obj.store_dir, obj.file, obj.project_id) == (f"{digest[:2]}/{digest[2:4]}/{digest}/2023_12_31/58/{gone}", "job.log.gz", 42)
+    assert (obj.store_dir, obj.file, obj.project_id) == (
+        f"{digest[:2]}/{digest[2:4]}/{digest}/2023_12_31/58/{gone}", "job.log.gz", 42)
 
 
 def test_file_final_path_gives_store_dir_and_file(stack, engine, redis_client):
@@ -167,7 +176,8 @@ def test_file_final_path_gives_store_dir_and_file(stack, engine, redis_client):
     artifact(engine, file_store=2, file_final_path="@final/1a/2b/5f8e2c7d0a1b/artifacts.zip", project_id=3)
     run_job(schedule_bulk_delete_job_artifacts, stack)
     (obj,) = deleted_objects(engine)
-    assert (obj.file_store, obj.store_dir, obj.file, obj.project_id) == (2, "@final/1a/2b/5f8e2c7d0a1b", "artifacts.zip", 3)
+    assert (obj.file_store, obj.store_dir, obj.file, obj.project_id) == (
+        2, "@final/1a/2b/5f8e2c7d0a1b", "artifacts.zip", 3)
 
 
 def test_pick_up_at_is_expire_at_clamped_to_a_day_back(stack, engine, redis_client):
@@ -186,7 +196,8 @@ def test_pick_up_at_clamp_bounds():
     now = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
 
     def pick_up_at(expire_at):
-        values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now, expire_at=expire_at)
+        values = dict(id=1, project_id=1, job_id=1, file="a.zip", file_store=1, file_final_path=None, created_at=now,
+                      expire_at=expire_at)
         return expected_deleted_object(type("Row", (), values), now)["pick_up_at"]
 
     assert pick_up_at(now - dt.timedelta(days=3)) == now - dt.timedelta(days=1)
@@ -194,21 +205,24 @@ def test_pick_up_at_clamp_bounds():
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
 
 
-# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and Python (expected_deleted_object) versions.
+# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and its Python reference
+# (expected_deleted_object).
 RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)  # Los Angeles moved to DST 2 hours before
 SESSION_TIME_ZONE = "America/Los_Angeles"
 HASHED_CASES = [
     dict(created_at=dt.datetime(2024, 3, 9, 23, 59, 59, 999999, tzinfo=dt.UTC)),
     dict(created_at=dt.datetime(2024, 3, 10, 0, 0, tzinfo=dt.UTC)),  # 2024-03-09 in Los Angeles
     dict(created_at=dt.datetime(2024, 3, 10, 7, 59, tzinfo=dt.UTC), project_id=2**62),
-    dict(created_at=dt.datetime(2024, 3, 10, 1, tzinfo=dt.timezone(dt.timedelta(hours=14))), file="job.log.gz"),  # 2024-03-09 UTC
+    # 2024-03-09 UTC
+    dict(created_at=dt.datetime(2024, 3, 10, 1, tzinfo=dt.timezone(dt.timedelta(hours=14))), file="job.log.gz"),
     dict(created_at=dt.datetime(1999, 12, 31, 23, 59, tzinfo=dt.UTC), file_store=2),
     dict(file_final_path=None, file_store=2),
 ]
 FINAL_PATHS = ["@final/1a/2b/5f8e/artifacts.zip", "noslash.zip", "/root.zip", "//x.zip", "a//b.zip", "a/b/", "///",
                "dir/ü ñ/файл.zip", "a/b\nc/d.zip", "a/b c/.hidden"]
 NO_OBJECT_CASES = [dict(file=None), dict(file=""), dict(file=None, file_final_path="")]
-EXPIRE_AT = [RULE_NOW - dt.timedelta(days=3650), RULE_NOW - dt.timedelta(hours=23, minutes=30), RULE_NOW - dt.timedelta(seconds=1)]
+EXPIRE_AT = [RULE_NOW - dt.timedelta(days=3650), RULE_NOW - dt.timedelta(hours=23, minutes=30),
+             RULE_NOW - dt.timedelta(seconds=1)]
 
 
 def _rule_cases(expire_at: list[dt.datetime]) -> list[dict]:
@@ -222,12 +236,14 @@ def _object(o) -> tuple:
 
 def test_deleted_object_sql_matches_the_python_rule(engine):
     expire_at = EXPIRE_AT + [RULE_NOW + dt.timedelta(minutes=30), RULE_NOW + dt.timedelta(days=400)]
-    made = [create(engine, "ci_job_artifacts", project_id=case.pop("project_id", 42), job_id=58, **case) for case in _rule_cases(expire_at)]
+    made = [create(engine, "ci_job_artifacts", project_id=case.pop("project_id", 42), job_id=58, **case)
+            for case in _rule_cases(expire_at)]
     a = S.ci_job_artifacts
     with engine.connect() as conn:
         conn.execute(text(f"SET TIME ZONE '{SESSION_TIME_ZONE}'"))
         artifacts = {r.id: r for r in conn.execute(select(a))}
-        in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id), service.pick_up_at_bounds(RULE_NOW)).mappings().all()
+        in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id),
+                              service.pick_up_at_bounds(RULE_NOW)).mappings().all()
     assert sorted(artifacts) == made
     in_python = {i: expected_deleted_object(r, RULE_NOW) for i, r in artifacts.items()}
     assert {r["id"]: _object(r) for r in in_sql} == {i: _object(o) for i, o in in_python.items() if o is not None}
@@ -251,7 +267,8 @@ def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_
     finally:
         in_los_angeles.dispose()
     assert ids(engine, "ci_job_artifacts") == [] and len(made) == len(before)
-    assert (result.destroyed_job_artifacts_count, result.deleted_objects, result.size) == (len(made), len(expected), 1024 * len(made))
+    assert (result.destroyed_job_artifacts_count, result.deleted_objects, result.size) == (
+        len(made), len(expected), 1024 * len(made))
     assert sorted(_object(o._mapping) for o in deleted_objects(engine)) == sorted(_object(o) for o in expected)
 
 
@@ -274,7 +291,8 @@ def test_high_concurrency_flag_runs_10_buckets(stack, engine, redis_client):
     assert ids(engine, "ci_job_artifacts") == []
     assert len(deleted_objects(engine)) == 10
     report = op_metadata(result, REPORT)
-    assert (report["max_buckets"], report["missing_count"], report["workers"], report["buckets_processed"]) == (10, 10, 10, list(range(10)))
+    assert (report["max_buckets"], report["missing_count"], report["workers"], report["buckets_processed"]) == (
+        10, 10, 10, list(range(10)))
     assert [w["destroyed_job_artifacts_count"] for w in worker_metadata(result)] == [1] * 10
     assert redis_state(redis_client) == (set(range(10)), {})
 
@@ -290,7 +308,8 @@ def test_stale_bucket_is_recovered_and_a_live_one_left_alone(stack, engine, redi
 
     assert ids(engine, "ci_job_artifacts") == [in_bucket[2]]  # its worker is still running elsewhere
     report = op_metadata(result, REPORT)
-    assert (report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (4, 1, 1, 0)
+    assert (report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (
+        4, 1, 1, 0)
     assert report["buckets_processed"] == [0, 1, 3, 4]
     workers = worker_metadata(result)
     assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"]) for w in workers] == [
@@ -302,7 +321,8 @@ def test_stale_bucket_is_recovered_and_a_live_one_left_alone(stack, engine, redi
 
 def test_stale_means_claimed_ten_minutes_ago_or_more(redis_client):
     now = utc_now()
-    redis_client.zadd(OCCUPIED_KEY, {"0": (now - dt.timedelta(minutes=10)).timestamp(), "1": (now - dt.timedelta(minutes=9, seconds=59)).timestamp()})
+    redis_client.zadd(OCCUPIED_KEY, {"0": (now - dt.timedelta(minutes=10)).timestamp(),
+                                     "1": (now - dt.timedelta(minutes=9, seconds=59)).timestamp()})
     assert artifact_buckets.recover_stale(redis_client, now) == 1
     assert redis_state(redis_client) == ({0}, {1: (now - dt.timedelta(minutes=9, seconds=59)).timestamp()})
 
@@ -321,7 +341,8 @@ def test_bucket_at_or_above_max_buckets_is_retired(stack, engine, redis_client):
     assert row(engine, "ci_job_artifacts", in_bucket_4) is None
     workers = worker_metadata(result)
     # Retired by the scheduler, not by a worker of its own: the run has max_buckets workers.
-    assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"], w["terminated_early_due_to_scale_down"]) for w in workers] == [
+    assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"], w["terminated_early_due_to_scale_down"])
+            for w in workers] == [
         (0, False, 0, False), (1, False, 0, False), (2, False, 0, False), (3, False, 0, False), (4, True, 1, False)
     ]
     assert (op_metadata(result, REPORT)["stray_count"], op_metadata(result, REPORT)["strays"]) == (1, ["7"])
@@ -418,7 +439,8 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
 
     result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, max_batches=3)
 
-    assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (6, 3, False, True)
+    assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (
+        6, 3, False, True)
     assert len(ids(engine, "ci_job_artifacts")) == 1 and set(ids(engine, "ci_job_artifacts")) < set(created)
     assert redis_state(redis_client) == ({0}, {})
 
@@ -448,8 +470,9 @@ def test_6000_artifacts_over_many_projects_are_all_deleted_in_one_run(stack, eng
     with engine.begin() as conn:
         conn.execute(
             insert(S.ci_job_artifacts),
-            [dict(partition_id=100 + i % 3, project_id=1 + i % 397, job_id=10_000 + i // 3, file_type=1 + i % 2, size=10,
-                  file="artifacts.zip", file_store=1, locked=0, expire_at=expired, created_at=expired, updated_at=expired)
+            [dict(partition_id=100 + i % 3, project_id=1 + i % 397, job_id=10_000 + i // 3, file_type=1 + i % 2,
+                  size=10, file="artifacts.zip", file_store=1, locked=0, expire_at=expired, created_at=expired,
+                  updated_at=expired)
              for i in range(6000)],
         )
 
@@ -458,10 +481,12 @@ def test_6000_artifacts_over_many_projects_are_all_deleted_in_one_run(stack, eng
     assert ids(engine, "ci_job_artifacts") == []
     assert len(deleted_objects(engine)) == 6000
     report = op_metadata(result, REPORT)
-    assert (report["destroyed_job_artifacts_count"], report["size"], report["buckets_processed"]) == (6000, 60_000, [0, 1, 2, 3, 4])
+    assert (report["destroyed_job_artifacts_count"], report["size"], report["buckets_processed"]) == (
+        6000, 60_000, [0, 1, 2, 3, 4])
     assert all(w["artifacts_empty"] for w in worker_metadata(result))
     observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    assert sum(o.event_specific_data.asset_observation.metadata["destroyed_job_artifacts_count"].value for o in observations) == 6000
+    assert sum(o.event_specific_data.asset_observation.metadata["destroyed_job_artifacts_count"].value
+               for o in observations) == 6000
 
 
 _WORKER_SCRIPT = """
@@ -481,26 +506,34 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
     # open) with a statement trigger on ci_deleted_objects that waits for an advisory lock the test holds.
     with engine.begin() as conn:
         conn.execute(text(
-            "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock(4004); RETURN NULL; END $$"
+            "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_advisory_xact_lock(4004); RETURN NULL; END $$"
         ))
-        conn.execute(text("CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects FOR EACH STATEMENT EXECUTE FUNCTION hold_batch()"))
+        conn.execute(text(
+            "CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects "
+            "FOR EACH STATEMENT EXECUTE FUNCTION hold_batch()"
+        ))
     try:
         with engine.connect() as blocker:
             blocker.execute(text("SELECT pg_advisory_xact_lock(4004)"))
-            worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url], cwd=os.getcwd())
+            worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url],
+                                      cwd=os.getcwd())
             try:
                 backend = None
                 deadline = time.monotonic() + 60
                 while backend is None and time.monotonic() < deadline and worker.poll() is None:
                     with engine.connect() as conn:
                         backend = conn.scalar(text(
-                            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                            "SELECT pid FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
                         ))
                     time.sleep(0.05)
                 assert backend is not None, "the worker never reached the end of its batch statement"
-                with engine.connect() as conn:  # the batch did delete: its 100 rows are held by its open transaction
+                # the batch did delete: its 100 rows are held by its open transaction
+                with engine.connect() as conn:
                     a = S.ci_job_artifacts
-                    free = conn.scalars(select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
+                    free = conn.scalars(
+                        select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
                     assert len(free) == 50
                     conn.rollback()
                 os.kill(worker.pid, signal.SIGKILL)
@@ -552,7 +585,8 @@ def test_dry_run_reports_what_would_happen_and_writes_nothing(stack, engine, red
     report = op_metadata(result, REPORT)
     assert (report["status"], report["rows_changed"], report["would_delete_count"]) == ("dry run", 0, 3)
     assert report["would_delete_ids"] == {"0": in_bucket_0, "1": [], "2": [], "3": in_bucket_3, "4": []}
-    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"], report["missing_count"]) == (5, 2, 0, 1, 3)
+    assert (report["max_buckets"], report["available_count"], report["occupied_count"], report["stale_count"],
+            report["missing_count"]) == (5, 2, 0, 1, 3)
     assert worker_metadata(result) == []
     assert result.dagster_run.tags.get(DRY_RUN_TAG) == "true"
 
@@ -578,7 +612,8 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
     enable(engine, service.FEATURE_FLAG)
     expired = artifact(engine)
     result = run_job(
-        schedule_bulk_delete_job_artifacts, stack, run_config={"ops": {"schedule_buckets": {"config": config}}}, raise_on_error=False
+        schedule_bulk_delete_job_artifacts, stack, run_config={"ops": {"schedule_buckets": {"config": config}}},
+        raise_on_error=False
     )
     assert not result.success
     assert ids(engine, "ci_job_artifacts") == [expired]
@@ -606,7 +641,8 @@ def test_job_runs_workers_in_parallel_processes_every_7_minutes():
 FILES_REPORT = "report_removed_artifact_files"
 
 
-def deleted_object_row(engine, *, store_dir: str, file: str = "artifacts.zip", file_store: int = 1, pick_up_at=None) -> int:
+def deleted_object_row(engine, *, store_dir: str, file: str = "artifacts.zip", file_store: int = 1,
+                       pick_up_at=None) -> int:
     return create(engine, "ci_deleted_objects", store_dir=store_dir, file=file, file_store=file_store, project_id=1,
                   pick_up_at=pick_up_at or ago(hours=1))
 
@@ -627,13 +663,16 @@ def no_root_env(monkeypatch):
     monkeypatch.delenv(ARTIFACTS_ROOT_ENV, raising=False)
 
 
-def test_files_job_removes_due_local_files_and_their_rows_and_reports_the_rest(stack, engine, redis_client, tmp_path, no_root_env):
+def test_files_job_removes_due_local_files_and_their_rows_and_reports_the_rest(
+    stack, engine, redis_client, tmp_path, no_root_env
+):
     present = [stored_file(tmp_path, f"ab/cd/abcd/2024_01_0{i}/7/{i}") for i in (1, 2)]
     removed_rows = [deleted_object_row(engine, store_dir=f"ab/cd/abcd/2024_01_0{i}/7/{i}") for i in (1, 2)]
     missing_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_03/7/3")
     remote_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_04/7/4", file_store=2)
     not_due_file = stored_file(tmp_path, "ab/cd/abcd/2024_01_05/7/5")
-    not_due_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_05/7/5", pick_up_at=utc_now() + dt.timedelta(minutes=30))
+    not_due_row = deleted_object_row(engine, store_dir="ab/cd/abcd/2024_01_05/7/5",
+                                     pick_up_at=utc_now() + dt.timedelta(minutes=30))
 
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path))
 
@@ -641,10 +680,10 @@ def test_files_job_removes_due_local_files_and_their_rows_and_reports_the_rest(s
     assert ids(engine, "ci_deleted_objects") == [remote_row, not_due_row]
     assert set(removed_rows + [missing_row]).isdisjoint(ids(engine, "ci_deleted_objects"))
     report = op_metadata(result, FILES_REPORT)
-    assert (report["status"], report["rows_changed"], report["files_removed"], report["files_missing"], report["object_storage_left"]) == (
-        "success", 3, 2, 1, 1
-    )
-    assert (report["refused_count"], report["local_left_without_root"], report["due_count"], report["due_object_storage"]) == (0, 0, 4, 1)
+    assert (report["status"], report["rows_changed"], report["files_removed"], report["files_missing"],
+            report["object_storage_left"]) == ("success", 3, 2, 1, 1)
+    assert (report["refused_count"], report["local_left_without_root"], report["due_count"],
+            report["due_object_storage"]) == (0, 0, 4, 1)
 
 
 def test_files_job_refuses_paths_that_leave_the_root(stack, engine, redis_client, tmp_path, no_root_env):
@@ -683,15 +722,20 @@ def test_files_job_takes_the_root_from_the_environment(stack, engine, redis_clie
 def test_files_job_drains_more_than_one_batch(stack, engine, redis_client, tmp_path, no_root_env):
     with engine.begin() as conn:
         conn.execute(insert(S.ci_deleted_objects), [
-            dict(file_store=1, store_dir=f"aa/bb/{i}", file="a.zip", project_id=1, pick_up_at=ago(hours=1, seconds=i)) for i in range(250)
-        ] + [dict(file_store=2, store_dir=f"cc/dd/{i}", file="a.zip", project_id=1, pick_up_at=ago(hours=1)) for i in range(150)])
+            dict(file_store=1, store_dir=f"aa/bb/{i}", file="a.zip", project_id=1, pick_up_at=ago(hours=1, seconds=i))
+            for i in range(250)
+        ] + [dict(file_store=2, store_dir=f"cc/dd/{i}", file="a.zip", project_id=1, pick_up_at=ago(hours=1))
+             for i in range(150)])
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path))
     assert len(ids(engine, "ci_deleted_objects")) == 150
     report = op_metadata(result, FILES_REPORT)
-    assert (report["rows_changed"], report["files_missing"], report["object_storage_left"], report["batches"]) == (250, 250, 150, 4)
+    assert (report["rows_changed"], report["files_missing"], report["object_storage_left"], report["batches"]) == (
+        250, 250, 150, 4)
 
 
-def test_bulk_delete_then_files_job_removes_the_artifacts_stored_file(stack, engine, redis_client, tmp_path, no_root_env):
+def test_bulk_delete_then_files_job_removes_the_artifacts_stored_file(
+    stack, engine, redis_client, tmp_path, no_root_env
+):
     enable(engine, service.FEATURE_FLAG)
     created_at = dt.datetime(2024, 6, 1, 8, tzinfo=dt.UTC)
     artifact_id = artifact(engine, bucket=2, project_id=5, job_id=77, created_at=created_at, file="artifacts.zip")
@@ -711,7 +755,8 @@ def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path), dry_run=True)
     assert path.exists() and ids(engine, "ci_deleted_objects") == rows
     would = op_metadata(result, FILES_REPORT)
-    assert (would["would_removed"], would["would_missing"], would["would_object_storage"], would["would_refused"]) == (1, 1, 1, 1)
+    assert (would["would_removed"], would["would_missing"], would["would_object_storage"], would["would_refused"]) == (
+        1, 1, 1, 1)
     assert would["would_delete_row_ids"] == rows[:2]
     assert op_metadata(result, FILES_REPORT)["status"] == "dry run"
 
@@ -725,16 +770,20 @@ def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path
         pytest.param({"artifacts_root": "/nonexistent/artifacts/root"}, id="root that does not exist"),
     ],
 )
-def test_files_job_invalid_config_is_refused_before_anything_is_removed(stack, engine, redis_client, tmp_path, no_root_env, config):
+def test_files_job_invalid_config_is_refused_before_anything_is_removed(
+    stack, engine, redis_client, tmp_path, no_root_env, config
+):
     path = stored_file(tmp_path, "ab/cd/z")
     row_id = deleted_object_row(engine, store_dir="ab/cd/z")
-    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path, **config), raise_on_error=False)
+    result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path, **config),
+                     raise_on_error=False)
     assert not result.success
     assert path.exists() and ids(engine, "ci_deleted_objects") == [row_id]
 
 
 def test_files_job_runs_every_10_minutes_in_utc():
-    assert (delete_expired_artifact_files_schedule.cron_schedule, delete_expired_artifact_files_schedule.execution_timezone) == ("*/10 * * * *", "UTC")
+    schedule = delete_expired_artifact_files_schedule
+    assert (schedule.cron_schedule, schedule.execution_timezone) == ("*/10 * * * *", "UTC")
 
 
 @pytest.mark.parametrize("link", ["store_dir", "hashed path's first folder", "file"])

@@ -31,8 +31,8 @@ def machines(engine, count: int, *, created_at: dt.datetime, contacted_at: dt.da
     with engine.begin() as conn:
         conn.execute(
             insert(S.ci_runner_machines),
-            [dict(runner_id=1 + i % 5, system_xid=f"xid-{i}", runner_type=1, created_at=created_at, updated_at=created_at,
-                  contacted_at=contacted_at) for i in range(count)],
+            [dict(runner_id=1 + i % 5, system_xid=f"xid-{i}", runner_type=1, created_at=created_at,
+                  updated_at=created_at, contacted_at=contacted_at) for i in range(count)],
         )
 
 
@@ -64,7 +64,8 @@ def observed_deletes(result) -> list[int]:
     ],
 )
 def test_stale_boundaries(engine, created_at, contacted_at, deleted):
-    machine = create(engine, "ci_runner_machines", created_at=created_at, updated_at=created_at, contacted_at=contacted_at)
+    machine = create(engine, "ci_runner_machines", created_at=created_at, updated_at=created_at,
+                     contacted_at=contacted_at)
     fresh = create(engine, "ci_runner_machines", created_at=NOW, updated_at=NOW, contacted_at=NOW)
 
     result = service.delete_stale_runner_managers(engine, S, now=NOW)
@@ -82,8 +83,10 @@ def test_now_in_another_zone_is_the_same_moment(engine):
 
 def test_stale_machines_are_deleted_and_active_ones_kept(stack, engine, redis_client):
     stale_never_contacted = create(engine, "ci_runner_machines", created_at=ago(days=8), updated_at=ago(days=8))
-    stale_contacted = create(engine, "ci_runner_machines", created_at=ago(days=40), updated_at=ago(days=9), contacted_at=ago(days=9))
-    active = create(engine, "ci_runner_machines", created_at=ago(days=40), updated_at=ago(minutes=1), contacted_at=ago(minutes=1))
+    stale_contacted = create(engine, "ci_runner_machines", created_at=ago(days=40), updated_at=ago(days=9),
+                             contacted_at=ago(days=9))
+    active = create(engine, "ci_runner_machines", created_at=ago(days=40), updated_at=ago(minutes=1),
+                    contacted_at=ago(minutes=1))
     new = create(engine, "ci_runner_machines", created_at=ago(days=6), updated_at=ago(days=6))
     before = {m: row(engine, "ci_runner_machines", m) for m in (active, new)}
 
@@ -94,7 +97,8 @@ def test_stale_machines_are_deleted_and_active_ones_kept(stack, engine, redis_cl
     assert {m: row(engine, "ci_runner_machines", m) for m in (active, new)} == before
     report = op_metadata(result, REPORT)
     assert report == {
-        "status": "success", "rows_changed": 2, "total_deleted": 2, "batch_counts": [2, 0], "max_deletions_reached": False,
+        "status": "success", "rows_changed": 2, "total_deleted": 2, "batch_counts": [2, 0],
+        "max_deletions_reached": False,
     }
     assert op_metadata(result, "find_stale_runner_machines")["stale_runner_machines"] == 2
     assert observed_deletes(result) == [2, 0]
@@ -106,24 +110,28 @@ def test_nothing_stale_deletes_nothing(stack, engine, redis_client):
     result = run_job(stale_runner_machines_cleanup, stack)
     assert ids(engine, "ci_runner_machines") == [kept]
     report = op_metadata(result, REPORT)
-    assert (report["status"], report["total_deleted"], report["batch_counts"], report["rows_changed"]) == ("success", 0, [0], 0)
+    assert (report["status"], report["total_deleted"], report["batch_counts"], report["rows_changed"]) == (
+        "success", 0, [0], 0)
     assert report["max_deletions_reached"] is False
 
 
 def test_max_deletions_leaves_the_rest_for_the_next_run(stack, engine, redis_client):
     stale_machines(engine, 1250)
-    active = create(engine, "ci_runner_machines", created_at=ago(days=30), updated_at=ago(hours=1), contacted_at=ago(hours=1))
+    active = create(engine, "ci_runner_machines", created_at=ago(days=30), updated_at=ago(hours=1),
+                    contacted_at=ago(hours=1))
 
     first = run_job(stale_runner_machines_cleanup, stack)
 
     report = op_metadata(first, REPORT)
-    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (1000, [100] * 10, True)
+    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (
+        1000, [100] * 10, True)
     assert len(ids(engine, "ci_runner_machines")) == 251  # 250 stale left, and the active one
 
     second = run_job(stale_runner_machines_cleanup, stack)
 
     report = op_metadata(second, REPORT)
-    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (250, [100, 100, 50, 0], False)
+    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (
+        250, [100, 100, 50, 0], False)
     assert observed_deletes(second) == [100, 100, 50, 0]
     assert ids(engine, "ci_runner_machines") == [active]
 
@@ -181,7 +189,8 @@ def test_dry_run_reports_and_deletes_nothing(stack, engine, redis_client):
     plan = op_metadata(result, REPORT)
     assert (plan["would_delete_count"], plan["would_delete_ids"]) == (3, [1, 2, 3])  # capped as a real run would be
     report = op_metadata(result, REPORT)
-    assert (report["status"], report["rows_changed"], report["total_deleted"], report["batch_counts"]) == ("dry run", 0, 0, [])
+    assert (report["status"], report["rows_changed"], report["total_deleted"], report["batch_counts"]) == (
+        "dry run", 0, 0, [])
     assert observed_deletes(result) == []
     assert redis_client.keys("*") == []
     assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
@@ -220,10 +229,12 @@ def test_two_runs_at_once_delete_each_row_once_with_honest_counts(engine):
 
 @pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])
 def test_session_time_zone_does_not_change_the_result(stack, engine, redis_client, zone):
-    kept = create(engine, "ci_runner_machines", created_at=ago(days=7) + dt.timedelta(minutes=2), updated_at=ago(days=7))
+    kept = create(engine, "ci_runner_machines", created_at=ago(days=7) + dt.timedelta(minutes=2),
+                  updated_at=ago(days=7))
     deleted = create(engine, "ci_runner_machines", created_at=ago(days=7, minutes=2), updated_at=ago(days=7))
 
-    run_job(stale_runner_machines_cleanup, stack, database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+    run_job(stale_runner_machines_cleanup, stack,
+            database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
 
     assert ids(engine, "ci_runner_machines") == [kept]
     assert row(engine, "ci_runner_machines", deleted) is None

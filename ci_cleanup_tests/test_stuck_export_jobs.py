@@ -65,7 +65,8 @@ def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, re
     assert (report["status"], report["failed_jobs_count"], report["rows_changed"]) == ("success", 2, 2)
     assert report["job_ids"] == ["jid-queued", "jid-started"]
     assert report["failed_export_job_ids"] == [queued, started]
-    observations = [e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    observations = [e.event_specific_data.asset_observation for e in result.all_events
+                    if e.event_type_value == "ASSET_OBSERVATION"]
     assert [o.asset_key.path for o in observations] == [["gitlab", "project_export_jobs"]]
     assert observations[0].metadata["stuck_export_jobs"].value == 2
     assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == "2"
@@ -184,7 +185,8 @@ def test_job_re_enqueued_under_a_new_jid_is_kept(stack, engine, redis_client):
     ids=["finished", "re-enqueued"],
 )
 def test_job_changed_while_the_update_waits_for_its_row_is_not_failed(stack, engine, redis_client, change, counted_as):
-    """The change is committed after the statement's snapshot, which still shows the job stuck: PostgreSQL re-checks the guard."""
+    """The change is committed after the statement's snapshot, which still shows the job stuck: PostgreSQL re-checks
+    the guard."""
     changing = export_job(engine, "jid-changing", STARTED)
     stuck = export_job(engine, "jid-stuck", STARTED)
     chunk, completed = asked_sidekiq(engine, redis_client)
@@ -206,7 +208,8 @@ def test_job_changed_while_the_update_waits_for_its_row_is_not_failed(stack, eng
 
 
 def test_job_still_stuck_when_re_read_but_not_failed_is_reported_changed_meanwhile(stack, engine, redis_client):
-    """A job the update passes over (here a trigger skips its row, as a change and its undoing while we waited would) is not failed."""
+    """A job the update passes over (here a trigger skips its row, as a change and its undoing while we waited would)
+    is not failed."""
     skipped = export_job(engine, "jid-skipped", STARTED)
     stuck = export_job(engine, "jid-stuck", STARTED)
     chunk, completed = asked_sidekiq(engine, redis_client)
@@ -273,7 +276,8 @@ def test_grace_period_is_config(stack, engine, redis_client):
     parallel = export_job(engine, "jid-parallel", STARTED, created_at=ago(hours=2))
     create(engine, "project_relation_exports", project_export_job_id=parallel)
 
-    run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": {"relation_exports_grace_hours": 1}}}})
+    run_job(stuck_export_jobs, stack,
+            run_config={"ops": {"find_enqueued_export_jobs": {"config": {"relation_exports_grace_hours": 1}}}})
 
     assert_failed(engine, parallel)
 
@@ -282,18 +286,21 @@ def test_300_mixed_jobs_with_every_third_key_present_fail_exactly_the_right_200(
     with engine.begin() as conn:
         conn.execute(
             J.insert(),
-            [dict(project_id=i % 11, status=i % 2, jid=f"jid-{i:03}", created_at=ago(hours=1), updated_at=ago(hours=1)) for i in range(300)],
+            [dict(project_id=i % 11, status=i % 2, jid=f"jid-{i:03}", created_at=ago(hours=1), updated_at=ago(hours=1))
+             for i in range(300)],
         )
     in_sidekiq(redis_client, *[f"jid-{i:03}" for i in range(0, 300, 3)])
     running = [i + 1 for i in range(0, 300, 3)]
     stuck = [i + 1 for i in range(300) if i % 3]
 
-    result = run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": 64}}}})
+    result = run_job(stuck_export_jobs, stack,
+                     run_config={"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": 64}}}})
 
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == stuck
     assert ids(engine, "project_export_jobs", J.c.status.in_([QUEUED, STARTED])) == running
     report = op_metadata(result, REPORT)
-    assert (report["failed_jobs_count"], report["rows_changed"], report["running_count"], report["chunks"]) == (200, 200, 100, 5)
+    assert (report["failed_jobs_count"], report["rows_changed"], report["running_count"], report["chunks"]) == (
+        200, 200, 100, 5)
     assert report["failed_export_job_ids"] == stuck
     assert report["job_ids"] == [f"jid-{i - 1:03}" for i in stuck]
 
@@ -365,13 +372,15 @@ def test_dry_run_reports_the_stuck_jobs_and_writes_nothing(stack, engine, redis_
 
 
 @pytest.mark.parametrize(
-    "bad", [{"chunk_size": 0}, {"chunk_size": 1_000_000}, {"relation_exports_grace_hours": -1}, {"relation_exports_grace_hours": 100_000}]
+    "bad", [{"chunk_size": 0}, {"chunk_size": 1_000_000}, {"relation_exports_grace_hours": -1},
+            {"relation_exports_grace_hours": 100_000}]
 )
 def test_invalid_config_is_refused_before_anything_is_written(stack, engine, redis_client, bad):
     job_id = export_job(engine, "jid-stuck", STARTED)
     before = row(engine, "project_export_jobs", job_id)
 
-    result = run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": bad}}}, raise_on_error=False)
+    result = run_job(stuck_export_jobs, stack, run_config={"ops": {"find_enqueued_export_jobs": {"config": bad}}},
+                     raise_on_error=False)
 
     assert not result.success
     assert row(engine, "project_export_jobs", job_id) == before
@@ -404,5 +413,6 @@ def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
     query = service.enqueued_exports_query(S, after_id=0, limit=1000)
     with engine.connect() as conn:
         conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
-        plan = "\n".join(conn.execute(text(f"EXPLAIN {query.compile(engine, compile_kwargs={'literal_binds': True})}")).scalars())
+        compiled = query.compile(engine, compile_kwargs={"literal_binds": True})
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
     assert "index_project_export_jobs_on_status" in plan

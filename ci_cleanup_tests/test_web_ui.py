@@ -72,7 +72,7 @@ def test_the_five_jobs_and_schedules_are_listed_with_their_crons(dev_ui, page):
     for _, (job, _) in SCHEDULES.items():
         sync_api.expect(page.get_by_text(job, exact=True).first).to_be_visible()
 
-    for name, (job, cron) in SCHEDULES.items():
+    for name, (_job, cron) in SCHEDULES.items():
         open_page(page, f"{dev_ui}/locations/ci_cleanup/schedules/{name}")
         sync_api.expect(page.get_by_text(f"({cron})", exact=True)).to_be_visible()
         sync_api.expect(page.get_by_text("UTC", exact=True)).to_be_visible()
