@@ -64,10 +64,11 @@ def delete_sub_batch(engine: Engine | Connection, schema: GitLabSchema, deadline
     """``id_in(stale.limit(n)).delete_all`` in its own transaction; returns the ids this statement deleted.
 
     A row another run deleted first is skipped by PostgreSQL's recheck, so it is never counted twice.
-    Given a Connection (the run's loop), the sub-batch is a transaction on it: no pool checkout per sub-batch.
+    The sub-batch is one statement: on an autocommit connection (as the run's loop and an Engine get) it is
+    its own transaction in one round trip, without a BEGIN and a COMMIT around it.
     """
     if isinstance(engine, Engine):
-        with engine.connect() as conn:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             return delete_sub_batch(conn, schema, deadline, limit)
     with engine.begin():
         return list(engine.scalars(_prepared_sub_batch_statement(schema), {"deadline": deadline, "limit": limit}))
@@ -129,7 +130,8 @@ def delete_stale_runner_managers(
         raise ValueError("sub_batch_limit and max_deletions must be at least 1")
     deadline = stale_deadline(now, stale_after)
     result = CleanupResult(max_deletions=max_deletions)
-    with engine.connect() as conn:  # one connection for the run, one transaction per sub-batch
+    # One connection for the run, in autocommit: each sub-batch's statement is its own transaction.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         while True:
             # The last pass never overshoots the cap.
             limit = min(sub_batch_limit, max_deletions - result.total_deleted)
