@@ -149,10 +149,17 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
                                  log=lambda message: None)
     assert figures.rows == 50 and figures.batches == 1
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
-    assert figures.idle_s > 0
+    assert len(figures.idle) == launched.IDLE_RUNS and figures.idle_s > 0
     assert _rows(engine, "SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'") == [(0,)]
-    from dagster import DagsterInstance, RunsFilter
+    assert len(launched.bare_idle_seconds(env, log=lambda message: None)) == launched.IDLE_RUNS
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from ci_cleanup.bench.bare_job import NAME
 
     with DagsterInstance.get() as instance:  # this test's runs leave the shared Dagster database as they found it
-        for record in instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"), limit=3):
+        bare = instance.get_run_records(RunsFilter(job_name=NAME))
+        assert [r.dagster_run.status for r in bare] == [DagsterRunStatus.SUCCESS] * launched.IDLE_RUNS
+        jobs = instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"))
+        assert len(jobs) == 2 + launched.IDLE_RUNS
+        for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)

@@ -64,6 +64,7 @@ RUN_CONFIG = {  # YAML, written as JSON
     ),
 }
 CONTENDERS = ("job", "floor", "service")
+IDLE_RUNS = 3  # launches with nothing to do, per job (the median is the figure)
 
 
 @dataclass
@@ -73,7 +74,11 @@ class Launched:
     rows: int = 0
     batches: int = 0
     seconds: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "run_record")})
-    idle_s: float = 0.0  # `dagster job execute` with nothing to do, whole process
+    idle: list[float] = field(default_factory=list)  # `dagster job execute` with nothing to do, whole process
+
+    @property
+    def idle_s(self) -> float:
+        return statistics.median(self.idle)
 
     def median(self, contender: str) -> float:
         return statistics.median(self.seconds[contender])
@@ -81,6 +86,11 @@ class Launched:
     @property
     def vs_floor(self) -> float:
         return self.median("job") / self.median("floor")
+
+    @property
+    def work_vs_floor(self) -> float:
+        """The job with its idle run (start-up, run start and end) taken off, against the floor."""
+        return (self.median("job") - self.idle_s) / self.median("floor")
 
     @property
     def dagster_ms_per_batch(self) -> float:
@@ -214,12 +224,13 @@ def _instance():
     return DagsterInstance.get()
 
 
-def launch(env: dict[str, str], job: str, log_dir: Path) -> tuple[float, float, float, int]:
+def launch(env: dict[str, str], job: str, log_dir: Path, location: tuple[str, str] = ("-m", "ci_cleanup")
+           ) -> tuple[float, float, float, int]:
     """``dagster job execute`` as an operator runs it: (launch -> RUN_SUCCESS s, run record start -> end s,
     whole process s, rows_changed)."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    command = [str(BIN / "dagster"), "job", "execute", "-m", "ci_cleanup", "-j", job]
+    command = [str(BIN / "dagster"), "job", "execute", *location, "-j", job]
     if job in RUN_CONFIG:
         config = log_dir / f"{job}.yaml"
         config.write_text(RUN_CONFIG[job])
@@ -272,8 +283,8 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                                          "the first run:"
                                          f"\n{state}\n!=\n{expected}")
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
-        figures.idle_s = launch(env, job, log_dir)[2]  # the rounds left nothing to do
-        log(f"  {job} idle: {figures.idle_s:.2f} s")
+        figures.idle = [launch(env, job, log_dir)[2] for _ in range(IDLE_RUNS)]  # the rounds left nothing to do
+        log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s")
     finally:
         floor_conn.close()
         admin.close()
@@ -336,3 +347,13 @@ def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
     finally:
         daemon.terminate()
         daemon.communicate(timeout=60)
+
+
+def bare_idle_seconds(env: dict[str, str], log=print) -> list[float]:
+    """:mod:`~ci_cleanup.bench.bare_job` launched as the jobs are, whole process: Dagster's own cost per run."""
+    from . import bare_job
+
+    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs:
+        seconds = [launch(env, bare_job.NAME, Path(logs), ("-f", bare_job.__file__))[2] for _ in range(IDLE_RUNS)]
+    log(f"  a bare Dagster job, launched the same way: {', '.join(f'{s:.2f}' for s in seconds)} s")
+    return seconds

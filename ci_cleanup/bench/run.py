@@ -176,8 +176,9 @@ def _spread(values: list[float]) -> str:
 def launched_table(results: list[launched.Launched]) -> str:
     head = (
         "| job | candidates | batches | job s: launch → RUN_SUCCESS, min / median / max | run record start → end s "
-        "| floor s, min / median / max | service s (no Dagster) | job vs floor (≤1.3) | floor rows/s "
-        "| Dagster ms/batch (job − service) | same, idle run subtracted | idle `dagster job execute` s (≤3) |"
+        "| floor s, min / median / max | service s (no Dagster) | job vs floor (≤1.3) | job − idle run, vs floor "
+        "| floor rows/s | Dagster ms/batch (job − service) | same, idle run subtracted "
+        "| idle `dagster job execute` s, min / median / max (≤3) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in results:
@@ -185,8 +186,8 @@ def launched_table(results: list[launched.Launched]) -> str:
             f"| {f.job} | {f.candidates:,} | {f.batches:,} | {_spread(f.seconds['job'])} "
             f"| {f.median('run_record'):.2f} "
             f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
-            f"| {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
-            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {f.idle_s:.2f} |"
+            f"| {f.work_vs_floor:.2f} | {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
+            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} |"
         )
     return "\n".join(lines)
 
@@ -201,7 +202,7 @@ def _load(values: tuple[float, float, float]) -> str:
 
 
 def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, load: dict, daemon_s: float | None,
-                   vs_floor_max: float, cli_idle_s: float) -> None:
+                   bare: list[float], vs_floor_max: float, cli_idle_s: float) -> None:
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
     now = dt.datetime.now(dt.UTC)
     headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
@@ -232,7 +233,12 @@ one did (digest of the changed tables, asserted).
   more to Redis per chunk), the job's guards and side rows (`ci_cleanup/bench/floor.py`).
 - "service": the job's service function in process, without Dagster. "Dagster ms/batch": (job − service) / batches
   (medians); "idle run subtracted" takes the job's idle run off first.
-- "idle": the same `dagster job execute` with nothing to do, whole process.
+- "idle": the same `dagster job execute` with nothing to do, whole process, {launched.IDLE_RUNS} times; "job − idle
+  run, vs floor" takes its median off the job: the job's work against the floor's, without the start-up.
+- Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
+  Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way: {_spread(bare)} s. Under "job vs floor ≤ 1.3",
+  a job whose floor is under {statistics.median(bare) / 0.3:.1f} s (this figure / 0.3) cannot be launched within
+  target even if its work cost nothing over the floor.
 - A scheduled run through dagster-daemon with nothing to do, from the run its tick created to RUN_SUCCESS:
   {daemon} (target ≤ 6 s).
 
@@ -273,6 +279,7 @@ def main(env: dict[str, str], args) -> None:
     print(services)
     results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs)
     daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
+    bare = launched.bare_idle_seconds(env)
     load["after"] = os.getloadavg()
     jobs_table = launched_table(results)
     vs_floor_max = max(f.vs_floor for f in results)
@@ -285,7 +292,7 @@ def main(env: dict[str, str], args) -> None:
     engine.dispose()
     if args.output:
         write_markdown(Path(args.output), services, jobs_table, args=args, server=server, load=load, daemon_s=daemon_s,
-                       vs_floor_max=vs_floor_max, cli_idle_s=cli_idle_s)
+                       bare=bare, vs_floor_max=vs_floor_max, cli_idle_s=cli_idle_s)
         print(f"\nWritten to {args.output}")
     print(f"job_vs_floor_max={vs_floor_max:.2f}")
     print(f"cli_idle_s={cli_idle_s:.2f}")

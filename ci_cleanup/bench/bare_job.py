@@ -1,0 +1,21 @@
+"""Dagster's own fixed cost per launched run: a job of one op that does nothing, run in process, in a code
+location that imports nothing but Dagster. The benchmark launches it as it launches the jobs (``dagster job
+execute -f`` this file, on the same instance), so each job's start-up can be set against the part of it that
+no job can avoid."""
+
+from dagster import Definitions, in_process_executor, job, op
+
+NAME = "bare_dagster_job"
+
+
+@op
+def nothing() -> None:
+    """Does nothing."""
+
+
+@job(name=NAME, executor_def=in_process_executor)  # no step process
+def bare_dagster_job() -> None:
+    nothing()
+
+
+defs = Definitions(jobs=[bare_dagster_job])
