@@ -11,6 +11,7 @@ import posixpath
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -442,6 +443,33 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (
         6, 3, False, True)
     assert len(ids(engine, "ci_job_artifacts")) == 1 and set(ids(engine, "ci_job_artifacts")) < set(created)
+    assert redis_state(redis_client) == ({0}, {})
+
+
+def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack, engine, redis_client):
+    """The run was terminated: the worker ends the batch it is in (one statement), starts no other, and gives its
+    bucket back (no transaction of it can linger)."""
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    stop = threading.Event()
+
+    result = service.run_bucket_worker(
+        engine, redis_client, S, batch_size=2, on_batch=lambda bucket, batch: stop.set(), stop=stop
+    )
+
+    assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches, result.deleted_objects) == (
+        0, 2, 1, 2)
+    assert result.stopped and result.released and not result.artifacts_empty
+    assert not result.terminated_early_due_to_scale_down and not result.stopped_by_feature_flag
+    assert ids(engine, "ci_job_artifacts") == created[2:]  # oldest first: the first two expired at once
+    assert len(deleted_objects(engine)) == 2
+    assert redis_state(redis_client) == ({0}, {})
+
+    already = service.run_bucket_worker(engine, redis_client, S, batch_size=2, stop=stop)
+
+    assert (already.mod_bucket, already.batches, already.stopped, already.released) == (0, 0, True, True)
+    assert ids(engine, "ci_job_artifacts") == created[2:] and len(deleted_objects(engine)) == 2
     assert redis_state(redis_client) == ({0}, {})
 
 
