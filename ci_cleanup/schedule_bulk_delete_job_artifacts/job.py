@@ -189,8 +189,11 @@ def run_bucket_workers(
             raise
     failed = {b: e for b, e in sorted(ended.items()) if isinstance(e, BaseException)}
     if failed:
+        by_cause: dict[str, list[str]] = {}  # workers that lost the same server fail alike: name the cause once
+        for b, e in failed.items():
+            by_cause.setdefault(_cause(e), []).append(str(b))
         raise BucketWorkerFailed(
-            "; ".join(f"bucket worker {b} failed: {_cause(e)}" for b, e in failed.items())
+            "; ".join(f"bucket worker{'s' * (len(b) > 1)} {', '.join(b)} failed: {c}" for c, b in by_cause.items())
             + " (a claimed bucket stays occupied until stale recovery, 10 minutes)"
         ) from next(iter(failed.values()))
     results = [ended[b] for b in range(workers)]
