@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
@@ -148,7 +149,7 @@ def run_bucket_workers(
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
     stop = threading.Event()
 
-    def work(engine, bucket: int) -> None:
+    def work(engine: Engine, bucket: int) -> None:
         try:
             handed_over.put((bucket, service.run_bucket_worker(
                 engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
@@ -176,14 +177,14 @@ def run_bucket_workers(
     # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
     # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
     with observer, gitlab_db.dedicated_engine(workers) as engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
-        for bucket in range(workers):
-            pool.submit(work, engine, bucket)
         try:
+            for bucket in range(workers):
+                pool.submit(work, engine, bucket)
             while len(ended) < workers:
                 take(*handed_over.get())
         except BaseException:  # the run is terminated (Dagster interrupts this thread)
             stop.set()
-            pool.shutdown()  # each worker ends the batch it is in and starts no other
+            pool.shutdown(cancel_futures=True)  # each worker ends the batch it is in; none starts another
             while not handed_over.empty():
                 take(*handed_over.get_nowait())  # where each one stopped, in the run's log
             raise
