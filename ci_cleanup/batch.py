@@ -5,7 +5,7 @@ A GitLab cron worker is a few lines of scheduling and locking around its service
 ``Ci::StuckBuilds::DropCancelingService``). Here each job's first op calls :func:`start` (dry run or
 lease, decided once into a :class:`RunMode`), its last op calls :func:`finish` (lease given back, the
 run's totals, and in a dry run what would change: the one place dry-run output goes), and
-:func:`batch_job` gives the job its tags, failure hook, run-time limit, executor and schedule.
+:func:`batch_job` gives the job its tags, failure hook, run-time limit and schedule.
 A job module then holds only what is particular to its batch: its config, queries and metadata.
 
 A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dagster import (
-    ExecutorDefinition,
     HookContext,
     JobDefinition,
     OpDefinition,
@@ -175,19 +174,19 @@ def linear(find: OpDefinition, act: OpDefinition, report: OpDefinition) -> Calla
 
 def batch_job(
     name: str, graph: Callable[[], None], *, description: str, cron: str, max_runtime_seconds: int,
-    seed: str | None = None, lease: Lease | None = None, executor_def: ExecutorDefinition | None = None,
+    seed: str | None = None, lease: Lease | None = None,
 ) -> tuple[JobDefinition, ScheduleDefinition]:
     """The job ``name`` wiring its ops as ``graph`` does, and its UTC schedule ``<name>_schedule``.
 
     ``max_runtime_seconds`` becomes ``dagster/max_runtime``: run monitoring fails a longer run, which alerts
-    (GitLab's run-time alerts). ``seed`` is the ``ci_cleanup/seed`` tag the alerts group by. Without
-    ``executor_def`` the job runs on the code location's default executor.
+    (GitLab's run-time alerts). ``seed`` is the ``ci_cleanup/seed`` tag the alerts group by. The job runs on the
+    code location's executor: every op in the run's own process.
     """
     tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
     if seed is not None:
         tags["ci_cleanup/seed"] = seed
     batch = job(
-        name=name, description=description, tags=tags, executor_def=executor_def,
+        name=name, description=description, tags=tags,
         hooks={lease.release_on_failure()} if lease is not None else None,
     )(graph)
     schedule = ScheduleDefinition(name=f"{name}_schedule", job=batch, cron_schedule=cron, execution_timezone="UTC")

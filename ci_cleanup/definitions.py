@@ -41,7 +41,7 @@ defs = Definitions(
     schedules=[batch.schedule for batch in BATCHES],
     sensors=alert_sensors,
     resources=resources(),
-    # Linear jobs run their ops in the run's own process: a process per op would import everything again
-    # (seconds per run with nothing to do). schedule_bulk_delete_job_artifacts keeps its multiprocess executor.
+    # Every job runs its ops in the run's own process: a process per op would import everything again
+    # (seconds per run with nothing to do). schedule_bulk_delete_job_artifacts' bucket workers are threads of one op.
     executor=in_process_executor,
 )

@@ -8,6 +8,8 @@ names the server, without its password.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
@@ -107,7 +109,9 @@ class GitLabDatabase(ConfigurableResource):
     statement_timeout_seconds: int = Field(
         default=15, ge=1, le=600, description="Every statement's limit (GitLab.com applies 15 s)"
     )
-    pool_size: int = Field(default=2, ge=1, le=20)
+    pool_size: int = Field(
+        default=2, ge=1, le=20, description="Connections of the run's engine (the bucket workers have their own)"
+    )
     builds_table: str | None = Field(
         default=None,
         description="Builds table; unset: p_ci_builds if it exists (every partition), else the flat ci_builds",
@@ -121,21 +125,37 @@ class GitLabDatabase(ConfigurableResource):
     _tables: GitLabSchema | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        url = database_url(self.url)
-        self._engine = create_engine(
-            url, pool_size=self.pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True
+        self._engine = self._create_engine(self.pool_size)
+        try:
+            with self._engine.connect() as conn:
+                self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
+        except (SQLAlchemyError, DatabaseUnavailable) as e:
+            self._engine.dispose()
+            raise ServiceUnavailable(
+                f"Cannot reach the GitLab database (PostgreSQL) at {self._where}: "
+                f"{getattr(e, 'orig', e)}".strip()
+            ) from None
+
+    @property
+    def _where(self) -> str:
+        return database_url(self.url).render_as_string(hide_password=True)
+
+    def _create_engine(self, pool_size: int) -> Engine:
+        """At most ``pool_size`` connections, each with the statement timeout; a lost server named in errors."""
+        engine = create_engine(
+            database_url(self.url), pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True
         )
         timeout_ms = self.statement_timeout_seconds * 1000
 
-        @event.listens_for(self._engine, "connect")
+        @event.listens_for(engine, "connect")
         def _limit_statements(dbapi_connection, _record):
             with dbapi_connection.cursor() as cursor:
                 cursor.execute(f"SET statement_timeout = {int(timeout_ms)}")
             dbapi_connection.commit()
 
-        where = url.render_as_string(hide_password=True)
+        where = self._where
 
-        @event.listens_for(self._engine, "handle_error")
+        @event.listens_for(engine, "handle_error")
         def _name_the_server(ctx):
             # psycopg2 says "server closed the connection unexpectedly" or "connection to server on socket
             # … failed" without naming which server: say it is GitLab's PostgreSQL. A lost connection,
@@ -151,15 +171,17 @@ class GitLabDatabase(ConfigurableResource):
                 return error
             return None
 
+        return engine
+
+    @contextmanager
+    def dedicated_engine(self, connections: int) -> Iterator[Engine]:
+        """An engine of ``connections`` connections for one op that works on that many at once (the bucket
+        workers), closed when the op is done; the run's own engine keeps its small pool."""
+        engine = self._create_engine(connections)
         try:
-            with self._engine.connect() as conn:
-                self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
-        except (SQLAlchemyError, DatabaseUnavailable) as e:
-            self._engine.dispose()
-            raise ServiceUnavailable(
-                f"Cannot reach the GitLab database (PostgreSQL) at {where}: "
-                f"{getattr(e, 'orig', e)}".strip()
-            ) from None
+            yield engine
+        finally:
+            engine.dispose()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._engine is not None:

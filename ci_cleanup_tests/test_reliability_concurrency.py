@@ -133,7 +133,7 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
         watch.start()
     started = {}
     for name in group:
-        # Each job with its own executor, as operators run it (in process; the bulk delete's multiprocess workers).
+        # Each job as operators run it: in process (the bulk delete's workers as threads of one op).
         config = SCENARIOS[name].run_config(CONCURRENT_BATCH)
         started[name] = [start_cli(SCENARIOS[name], stack, tmp_path / f"{name}-{i}", config) for i in range(2)]
     results = {name: [run.result(SCENARIOS[name].report_op) for run in runs] for name, runs in started.items()}

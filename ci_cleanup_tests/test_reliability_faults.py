@@ -45,7 +45,7 @@ from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .factories import TABLES, ago, backend_waiting_on_lock, create, ids, naive_ago, row
 from .harness import gitlab_database, gitlab_stack, reset, scratch_database_of
-from .runner import failure_messages, op_metadata, run_job
+from .runner import failure_messages, op_metadata, run_job, step_failure_message
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -84,15 +84,19 @@ def run_in_thread(job, stack, **kwargs) -> tuple[threading.Thread, list]:
     return thread, out
 
 
-def redis_stopped_while_waiting(faults, engine, job, lock, run_config=None) -> tuple:
-    """Run ``job`` while a transaction of ours holds ``lock``; once the run waits on it, stop Redis and let the
-    run go on. Returns the run's result and a client of Redis started again."""
+def redis_stopped_while_waiting(faults, engine, job, lock, run_config=None, waiting: int = 1) -> tuple:
+    """Run ``job`` while a transaction of ours holds ``lock``; once ``waiting`` of the run's connections wait on
+    it, stop Redis and let the run go on. Returns the run's result and a client of Redis started again."""
     locker = engine.connect()
     blocker = locker.begin()
     locker.execute(lock)
     thread, out = run_in_thread(job, faults, run_config=run_config)
     try:
         backend_waiting_on_lock(engine)
+        deadline = time.monotonic() + 60
+        while backends_waiting_on_locks(engine) < waiting:
+            assert time.monotonic() < deadline, f"{waiting} connections never waited on the lock"
+            time.sleep(0.05)
         faults.stop_redis()
     finally:
         blocker.rollback()
@@ -100,6 +104,13 @@ def redis_stopped_while_waiting(faults, engine, job, lock, run_config=None) -> t
     thread.join(120)
     faults.start_redis()
     return out[0], redis.Redis.from_url(faults.redis_url)
+
+
+def backends_waiting_on_locks(engine) -> int:
+    with engine.connect() as conn:  # a connection per look: pg_stat_activity is a snapshot per transaction
+        return conn.scalar(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ))
 
 
 # --- one candidate per job, and what "processed" means for it ------------------------------------------
@@ -314,28 +325,35 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
     client.close()
 
 
-def test_redis_stopped_while_a_bucket_worker_runs_fails_naming_redis_and_stale_recovery_frees_the_bucket(faults, db):
+def test_redis_stopped_while_the_bucket_workers_run_fails_naming_redis_and_stale_recovery_frees_the_buckets(
+    faults, db
+):
     engine, client = db
     case = CASES["schedule_bulk_delete_job_artifacts"]
     artifact = case.make(engine, client)  # bucket (10 + 1000) % 5 = 0
 
-    result, client = redis_stopped_while_waiting(  # the worker's INSERT waits on the lock
-        faults, engine, case.job, text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE")
+    result, client = redis_stopped_while_waiting(  # each worker claimed its bucket; its batch's INSERT waits
+        faults, engine, case.job, text("LOCK TABLE ci_deleted_objects IN SHARE ROW EXCLUSIVE MODE"), waiting=5
     )
 
     assert not result.success
     assert "Lost Redis (CI_CLEANUP_REDIS_URL)" in failure_messages(result)
-    # The batch committed whole: the artifact is gone and its file recorded for removal.
+    assert step_failure_message(result).startswith(
+        "ci_cleanup.schedule_bulk_delete_job_artifacts.job.BucketWorkerFailed: bucket workers 0, 1, 2, 3, 4 failed: "
+        "RedisUnavailable: Lost Redis (CI_CLEANUP_REDIS_URL)"
+    )
+    # The batches committed whole: the artifact is gone and its file recorded for removal.
     assert row(engine, "ci_job_artifacts", artifact) is None
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM ci_deleted_objects")) == 1
-    # The worker could not give bucket 0 back: it stays occupied (as a dead GitLab worker's would) ...
-    assert 0 in artifact_buckets.read_state(client).occupied
+    # No worker could give its bucket back: they stay occupied (as dead GitLab workers' would) ...
+    buckets = artifact_buckets.read_state(client)
+    assert (buckets.available, sorted(buckets.occupied)) == (frozenset(), [0, 1, 2, 3, 4])
     second = case.make(engine, client)
     result = run_job(case.job, faults)
     assert result.success and row(engine, "ci_job_artifacts", second) is not None
-    # ... until stale recovery, 10 minutes after the claim, hands it out again.
-    client.zadd(OCCUPIED_KEY, {"0": (utc_now() - dt.timedelta(minutes=11)).timestamp()})
+    # ... until stale recovery, 10 minutes after the claim, hands them out again.
+    client.zadd(OCCUPIED_KEY, {str(b): (utc_now() - dt.timedelta(minutes=11)).timestamp() for b in range(5)})
     result = run_job(case.job, faults)
     assert result.success and row(engine, "ci_job_artifacts", second) is None
     assert artifact_buckets.read_state(client).occupied == {}
@@ -543,8 +561,10 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     report = op_metadata(result, "report_bulk_delete")
     assert (report["destroyed_job_artifacts_count"], report["deleted_objects_created"]) == (5, 5)
     with engine.connect() as conn:
-        picked = conn.scalars(text("SELECT pick_up_at FROM ci_deleted_objects WHERE id > 3 ORDER BY id")).all()
+        # In pick_up_at order: the workers run side by side, so the rows' ids follow no bucket order.
+        picked = conn.scalars(text("SELECT pick_up_at FROM ci_deleted_objects WHERE id > 3 ORDER BY pick_up_at")).all()
     assert all(abs(p - ago(days=1)) < dt.timedelta(minutes=5) for p in picked[:3])  # clamped to a day back
+    assert all(abs(p - ago(hours=2)) < dt.timedelta(minutes=5) for p in picked[3:])  # their own expire_at
 
     files = run_job(
         delete_expired_artifact_files, faults, database_url=in_new_york(faults),

@@ -11,11 +11,14 @@ import posixpath
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+from dagster import DagsterInstance
 from sqlalchemy import create_engine, delete, insert, select, text
 
+from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.schema import utc_now
@@ -30,11 +33,11 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import gitlab_database
+from .harness import clean_env, gitlab_database
 from .runner import op_metadata, run_job, step_failure_message
 
 REPORT = "report_bulk_delete"
-WORKER = "delete_expired_artifacts_in_bucket"
+WORKERS = "run_bucket_workers"
 
 
 def enable(engine, *flags: str) -> None:
@@ -69,11 +72,13 @@ def deleted_objects(engine) -> list:
 
 
 def worker_metadata(result) -> list[dict]:
-    found = []
-    for event in result.all_events:
-        if event.event_type_value == "STEP_OUTPUT" and event.step_key.startswith(WORKER):
-            found.append({k: v.value for k, v in event.step_output_data.metadata.items()})
-    return sorted(found, key=lambda m: m["mod_bucket"])
+    """run_bucket_workers' table, one row per worker by bucket (none when the run had no workers to run)."""
+    workers = op_metadata(result, WORKERS).get("bucket_workers")
+    return [] if workers is None else [record.data for record in workers.records]
+
+
+def log_lines(instance: DagsterInstance, result, starting: str) -> list[str]:
+    return [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith(starting)]
 
 
 def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
@@ -132,8 +137,9 @@ def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redi
         artifact(engine, expire_at=utc_now() + dt.timedelta(minutes=5)),  # not yet expired
     ]
     before = {i: row(engine, "ci_job_artifacts", i) for i in gone}
+    instance = DagsterInstance.ephemeral()
 
-    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, instance=instance)
 
     assert ids(engine, "ci_job_artifacts") == kept
     objects = deleted_objects(engine)
@@ -155,6 +161,13 @@ def test_expired_unlocked_artifacts_go_and_the_rest_are_kept(stack, engine, redi
     assert [(w["mod_bucket"], w["destroyed_job_artifacts_count"], w["artifacts_empty"],
              w["terminated_early_due_to_scale_down"]) for w in workers] == [
         (0, 2, True, False), (1, 1, True, False), (2, 1, True, False), (3, 1, True, False), (4, 1, True, False)
+    ]
+    assert [(w["claimed"], w["stopped_by_feature_flag"], w["batches"]) for w in workers] == [(True, False, 1)] * 5
+    assert [w["size"] for w in workers] == [200, 200, 300, 400, 500]
+    # The seed's log line of each worker, in the order they ended.
+    assert sorted(log_lines(instance, result, "Bucket worker")) == [
+        f"Bucket worker {b} done: mod_bucket={b}, destroyed_job_artifacts_count={n}, artifacts_empty=True, "
+        "terminated_early_due_to_scale_down=False" for b, n in [(0, 2), (1, 1), (2, 1), (3, 1), (4, 1)]
     ]
     assert redis_state(redis_client) == ({0, 1, 2, 3, 4}, {})
 
@@ -303,8 +316,9 @@ def test_stale_bucket_is_recovered_and_a_live_one_left_alone(stack, engine, redi
     live_since = ago(minutes=1).timestamp()
     redis_client.sadd(AVAILABLE_KEY, "0", "3", "4")
     redis_client.zadd(OCCUPIED_KEY, {"1": ago(minutes=11).timestamp(), "2": live_since})
+    instance = DagsterInstance.ephemeral()
 
-    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack, instance=instance)
 
     assert ids(engine, "ci_job_artifacts") == [in_bucket[2]]  # its worker is still running elsewhere
     report = op_metadata(result, REPORT)
@@ -315,7 +329,8 @@ def test_stale_bucket_is_recovered_and_a_live_one_left_alone(stack, engine, redi
     assert [(w["mod_bucket"], w["claimed"], w["destroyed_job_artifacts_count"]) for w in workers] == [
         (0, True, 1), (1, True, 1), (2, False, 0), (3, True, 1), (4, True, 1)
     ]
-    assert workers[2]["status"] == "bucket not available"
+    assert log_lines(instance, result, "Bucket 2 ") == [
+        "Bucket 2 is not available (occupied by another worker); nothing to do"]
     assert redis_state(redis_client) == ({0, 1, 3, 4}, {2: live_since})
 
 
@@ -445,6 +460,33 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     assert redis_state(redis_client) == ({0}, {})
 
 
+def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack, engine, redis_client):
+    """The run was terminated: the worker ends the batch it is in (one statement), starts no other, and gives its
+    bucket back (no transaction of it can linger)."""
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    stop = threading.Event()
+
+    result = service.run_bucket_worker(
+        engine, redis_client, S, batch_size=2, on_batch=lambda bucket, batch: stop.set(), stop=stop
+    )
+
+    assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches, result.deleted_objects) == (
+        0, 2, 1, 2)
+    assert result.stopped and result.released and not result.artifacts_empty
+    assert not result.terminated_early_due_to_scale_down and not result.stopped_by_feature_flag
+    assert ids(engine, "ci_job_artifacts") == created[2:]  # oldest first: the first two expired at once
+    assert len(deleted_objects(engine)) == 2
+    assert redis_state(redis_client) == ({0}, {})
+
+    already = service.run_bucket_worker(engine, redis_client, S, batch_size=2, stop=stop)
+
+    assert (already.mod_bucket, already.batches, already.stopped, already.released) == (0, 0, True, True)
+    assert ids(engine, "ci_job_artifacts") == created[2:] and len(deleted_objects(engine)) == 2
+    assert redis_state(redis_client) == ({0}, {})
+
+
 def test_claim_with_no_bucket_available_writes_nothing(redis_client):
     assert artifact_buckets.claim(redis_client, utc_now()) is None
     assert artifact_buckets.claim(redis_client, utc_now(), 3) is None
@@ -567,6 +609,121 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
     assert available == set() and list(occupied) == [0]  # left for stale recovery
 
 
+def test_a_failing_worker_keeps_its_bucket_the_others_finish_and_the_run_fails_naming_it(
+    stack, engine, redis_client
+):
+    enable(engine, service.FEATURE_FLAG)
+    refused = artifact(engine, bucket=2, project_id=7)
+    for b in (0, 1, 3, 4):
+        for p in (10, 20, 30):
+            artifact(engine, bucket=b, project_id=p)
+    # Bucket 2's batch statement fails (the artifact of project 7 cannot be recorded); the others take 4 batches
+    # each, so a worker stopped by the failure would leave rows behind.
+    with engine.begin() as conn:
+        conn.execute(text(
+            "CREATE FUNCTION refuse_project_7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.project_id = 7 THEN RAISE EXCEPTION 'refused for project 7'; END IF; RETURN NEW; END $$"
+        ))
+        conn.execute(text(
+            "CREATE TRIGGER refuse_project_7 BEFORE INSERT ON ci_deleted_objects "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_project_7()"
+        ))
+    instance = DagsterInstance.ephemeral()
+    try:
+        result = run_job(
+            schedule_bulk_delete_job_artifacts, stack, instance=instance, raise_on_error=False,
+            run_config={"ops": {"schedule_buckets": {"config": {"batch_size": 1}}}},
+        )
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER IF EXISTS refuse_project_7 ON ci_deleted_objects"))
+            conn.execute(text("DROP FUNCTION IF EXISTS refuse_project_7()"))
+
+    assert not result.success
+    message = step_failure_message(result)
+    assert message.startswith(
+        "ci_cleanup.schedule_bulk_delete_job_artifacts.job.BucketWorkerFailed: "
+        "bucket worker 2 failed: RaiseException: refused for project 7"
+    ), message
+    assert "stays occupied until stale recovery" in message and "SELECT" not in message
+    # The failed batch rolled back whole; every other bucket was emptied.
+    assert ids(engine, "ci_job_artifacts") == [refused]
+    assert sorted(o.project_id for o in deleted_objects(engine)) == sorted([10, 20, 30] * 4)
+    available, occupied = redis_state(redis_client)
+    assert available == {0, 1, 3, 4} and list(occupied) == [2]  # left for stale recovery, as GitLab's would be
+    done = [
+        f"Bucket worker {b} done: mod_bucket={b}, destroyed_job_artifacts_count=3, artifacts_empty=True, "
+        "terminated_early_due_to_scale_down=False" for b in (0, 1, 3, 4)
+    ]
+    failed = "Bucket worker 2 failed: RaiseException: refused for project 7"  # then PostgreSQL's CONTEXT lines
+    assert sorted(line.splitlines()[0] for line in log_lines(instance, result, "Bucket worker")) == [
+        *done[:2], failed, *done[2:]]
+    assert [e.step_key for e in result.all_events if e.event_type_value == "STEP_OUTPUT"] == ["schedule_buckets"]
+
+
+def test_a_terminated_run_stops_its_workers_between_batches_and_gives_the_buckets_back(
+    stack, engine, redis_client, tmp_path
+):
+    """``dagster job execute`` interrupted (SIGINT, as a run's termination is) while every worker is inside its
+    first batch: each batch ends whole, no worker starts another, every bucket goes back, the run fails."""
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
+    # Hold every batch statement at its end with a statement trigger waiting on an advisory lock the test holds.
+    with engine.begin() as conn:
+        conn.execute(text(
+            "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_advisory_xact_lock(4005); RETURN NULL; END $$"
+        ))
+        conn.execute(text(
+            "CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects "
+            "FOR EACH STATEMENT EXECUTE FUNCTION hold_batch()"
+        ))
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    log = tmp_path / "run.log"
+    try:
+        with engine.connect() as blocker, log.open("w") as out:
+            blocker.execute(text("SELECT pg_advisory_xact_lock(4005)"))
+            run = subprocess.Popen(
+                [os.path.join(os.path.dirname(sys.executable), "dagster"), "job", "execute", "-m", "ci_cleanup",
+                 "-j", "schedule_bulk_delete_job_artifacts"],
+                env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+                              DAGSTER_HOME=str(tmp_path)),
+                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+            )
+            try:
+                deadline, waiting = time.monotonic() + 120, 0
+                while waiting < 5 and run.poll() is None:
+                    assert time.monotonic() < deadline, "the five workers never reached the end of their batch"
+                    time.sleep(0.1)
+                    with engine.connect() as conn:
+                        waiting = conn.scalar(text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND wait_event = 'advisory'"
+                        ))
+                assert waiting == 5, log.read_text()
+                run.send_signal(signal.SIGINT)
+                time.sleep(2)  # the op's thread takes the interrupt and tells the workers to stop
+                blocker.rollback()  # the five batches end
+                assert run.wait(120) != 0
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER IF EXISTS hold_batch ON ci_deleted_objects"))
+            conn.execute(text("DROP FUNCTION IF EXISTS hold_batch()"))
+
+    output = log.read_text()
+    # Bucket 0's first batch (its 100 oldest) committed whole and no other began.
+    assert ids(engine, "ci_job_artifacts") == created[100:], output
+    assert len(deleted_objects(engine)) == 100
+    assert redis_state(redis_client) == ({0, 1, 2, 3, 4}, {})
+    assert ("Bucket worker 0 done: mod_bucket=0, destroyed_job_artifacts_count=100, artifacts_empty=False, "
+            "terminated_early_due_to_scale_down=False, stopped: the run was terminated") in output
+    assert "RUN_FAILURE" in output
+
+
 def test_dry_run_reports_what_would_happen_and_writes_nothing(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
     in_bucket_0 = [artifact(engine, bucket=0, project_id=p) for p in (10, 20)]
@@ -628,9 +785,11 @@ def test_missing_table_fails_naming_it(stack, redis_client, scratch_database):
     assert redis_client.keys("*") == []
 
 
-def test_job_runs_workers_in_parallel_processes_every_7_minutes():
-    executor = schedule_bulk_delete_job_artifacts.executor_def
-    assert executor.name == "multiprocess"
+def test_job_runs_its_workers_in_one_op_in_process_every_7_minutes():
+    job = defs.get_job_def("schedule_bulk_delete_job_artifacts")
+    assert job.executor_def.name == "in_process"
+    assert [node.name for node in job.graph.nodes_in_topological_order] == [
+        "schedule_buckets", WORKERS, REPORT]
     assert schedule_bulk_delete_job_artifacts_schedule.cron_schedule == "*/7 * * * *"
     assert schedule_bulk_delete_job_artifacts_schedule.execution_timezone == "UTC"
     assert schedule_bulk_delete_job_artifacts.tags["ci_cleanup/seed"] == "004"

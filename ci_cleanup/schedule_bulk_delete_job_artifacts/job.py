@@ -1,15 +1,16 @@
 """``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` on Dagster: the bucket scheduler, its bucket workers as parallel
-steps, and the stored files' removal.
+threads of one op, and the stored files' removal.
 
-``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) fans out one
-mapped step per bucket (GitLab's ``perform_with_capacity``: max_buckets workers); each claims its
-bucket and deletes the bucket's expired artifacts; report_bulk_delete collects them. The multiprocess
-executor runs the workers side by side, ``max_concurrent`` bounding them.
+``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) -> run_bucket_workers
+(GitLab's ``perform_with_capacity``: max_buckets workers at once, each claiming its bucket and deleting the bucket's
+expired artifacts) -> report_bulk_delete. The whole run is one process on the code location's in-process executor:
+a process per worker would pay Dagster's start-up again (seconds of a run with nothing to do), and the workers
+wait on PostgreSQL, not on Python, so threads run them side by side as well.
 
-GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: steps may run one
-after another (the in-process executor), and a worker taking "any" would often re-take the bucket
-the previous one just released and leave others unprocessed. A bucket another process holds is
-simply not processed by this run, as in GitLab. Free members at or above max_buckets (left by a
+GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: workers may run one after
+another (a thread with nothing to do can be done before the next one starts), and a worker taking "any" would
+often re-take the bucket the previous one just released and leave others unprocessed. A bucket another process
+holds is simply not processed by this run, as in GitLab. Free members at or above max_buckets (left by a
 scale-down) or not written as GitLab writes them ("007") are retired by schedule_buckets in one step,
 so a run never has more than max_buckets workers.
 
@@ -18,20 +19,16 @@ so a run never has more than max_buckets workers.
 
 import datetime as dt
 import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagster import (
-    Config,
-    DynamicOut,
-    DynamicOutput,
-    OpExecutionContext,
-    Out,
-    Output,
-    multiprocess_executor,
-    op,
-)
+from dagster import Config, OpExecutionContext, op
 from pydantic import Field
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
 from ..gitlab import artifact_buckets
@@ -42,16 +39,11 @@ from . import files, service
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
 DELETED_OBJECTS = ("gitlab", "ci_deleted_objects")
-MAX_PARALLEL_WORKERS = service.MAX_BUCKETS_HIGH_CONCURRENCY  # parallelism = max buckets, bounded here
-# Each step is a process. Spawned, each imports dagster, ci_cleanup and the instance's storage again (about
-# 1.5 s of CPU a worker: 13.6 s for a run with nothing to do); forked from one server that imported them
-# once, a worker starts in a fraction of that.
-WORKERS_EXECUTOR = multiprocess_executor.configured(
-    {
-        "max_concurrent": MAX_PARALLEL_WORKERS,
-        "start_method": {"forkserver": {"preload_modules": ["ci_cleanup", "dagster_postgres"]}},
-    }
-)
+# The per-bucket table of run_bucket_workers: the seed's per-worker log fields, and how each worker ended.
+WORKER_COLUMNS = [
+    "mod_bucket", "claimed", "destroyed_job_artifacts_count", "artifacts_empty", "terminated_early_due_to_scale_down",
+    "stopped_by_feature_flag", "batches", "size",
+]
 
 
 class BulkDeleteJobArtifactsConfig(Config):
@@ -90,12 +82,12 @@ def _bucket_metadata(buckets: artifact_buckets.ScheduledBuckets | None) -> dict:
     }
 
 
-@op(out={"plan": Out(BulkDeletePlan), "buckets": DynamicOut(int)})
+@op
 def schedule_buckets(
     context: OpExecutionContext, config: BulkDeleteJobArtifactsConfig,
     gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis, run_options: RunOptions,
-):
-    """The cron worker: flag gate, stale buckets recovered, missing buckets added, one worker per bucket."""
+) -> BulkDeletePlan:
+    """The cron worker: flag gate, stale buckets recovered, missing buckets added, max_buckets workers planned."""
     schema = gitlab_db.schema
     now = utc_now()
     begun = start(context, run_options)
@@ -113,15 +105,12 @@ def schedule_buckets(
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
         off = skipped(f"{service.FEATURE_FLAG} disabled")
-        yield Output(BulkDeletePlan(off, **limits), "plan", metadata={"gitlab_tables": gitlab_tables, **off.metadata})
-        return
+        context.add_output_metadata({"gitlab_tables": gitlab_tables, **off.metadata})
+        return BulkDeletePlan(off, **limits)
     if begun.mode is RunMode.DRY_RUN:
         buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
-        yield Output(
-            BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits), "plan",
-            metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata},
-        )
-        return
+        context.add_output_metadata({**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata})
+        return BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits)
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
     if buckets.stray_count:
         context.log.warning(
@@ -129,51 +118,123 @@ def schedule_buckets(
             f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
         )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
-    yield Output(
-        BulkDeletePlan(begun, buckets=buckets, **limits), "plan",
-        metadata={**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata},
-    )
-    for bucket in range(flags.max_buckets):
-        yield DynamicOutput(bucket, mapping_key=f"bucket_{bucket}", output_name="buckets")
+    context.add_output_metadata({**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata})
+    return BulkDeletePlan(begun, buckets=buckets, **limits)
+
+
+class BucketWorkerFailed(RuntimeError):
+    """A bucket worker raised; its bucket stays occupied until stale recovery (the other workers finished)."""
 
 
 @op
-def delete_expired_artifacts_in_bucket(
-    context: OpExecutionContext, plan: BulkDeletePlan, bucket: int, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> service.WorkerResult:
-    """One ``BulkDeleteExpiredJobArtifactsWorker``: claim a bucket, delete its expired artifacts, release it."""
+def run_bucket_workers(
+    context: OpExecutionContext, plan: BulkDeletePlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> list[service.WorkerResult]:
+    """max_buckets ``BulkDeleteExpiredJobArtifactsWorker``s at once, worker i on bucket i, each a thread with its
+    own connection.
+
+    Only this op's thread calls Dagster: the workers hand it their batches and their ends through a queue,
+    which it reads while they run (observations at BatchObserver's bounded rate, a log line per worker). A
+    worker that raises keeps its bucket occupied until stale recovery, as a dead GitLab worker does; the others
+    finish their work, then the op fails naming the bucket. A terminated run (Dagster interrupts this thread)
+    sets ``stop``: each worker stops before its next batch, and the op waits for them before it ends. A batch
+    is one statement, never half done.
+    """
+    if not plan.start.runs:
+        return []
+    workers = plan.buckets.max_buckets
+    client, schema = gitlab_redis.shared_state, gitlab_db.schema
+    max_runtime = dt.timedelta(seconds=plan.max_runtime_seconds)
+    # From the workers: (bucket, DeletedBatch) after each batch, then (bucket, WorkerResult or the error raised).
+    handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
+    stop = threading.Event()
+
+    def work(engine: Engine, bucket: int) -> None:
+        try:
+            handed_over.put((bucket, service.run_bucket_worker(
+                engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
+                max_runtime=max_runtime, on_batch=lambda claimed, batch: handed_over.put((claimed, batch)),
+                stop=stop,
+            )))
+        except BaseException as error:  # the op's thread logs it, and fails once every worker is done
+            handed_over.put((bucket, error))
 
     observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
+    ended: dict[int, service.WorkerResult | BaseException] = {}
 
-    def on_batch(claimed: int, batch: service.DeletedBatch) -> None:
-        observer.add(
-            {"destroyed_job_artifacts_count": len(batch.ids), "size": batch.size,
-             "deleted_objects": batch.deleted_objects},
-            [{"mod_bucket": claimed, "artifact_id": i} for i in batch.ids],
-        )
+    def take(bucket: int, item: object) -> None:
+        if isinstance(item, service.DeletedBatch):
+            observer.add(
+                {"destroyed_job_artifacts_count": len(item.ids), "size": item.size,
+                 "deleted_objects": item.deleted_objects},
+                [{"mod_bucket": bucket, "artifact_id": i} for i in item.ids],
+            )
+        else:
+            ended[bucket] = item
+            _log_worker(context, bucket, item)
 
-    with observer:
-        result = service.run_bucket_worker(
-            gitlab_db.engine, gitlab_redis.shared_state, gitlab_db.schema,
-            bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
-            max_runtime=dt.timedelta(seconds=plan.max_runtime_seconds), on_batch=on_batch,
-        )
-    if result.mod_bucket is None:
+    # Each worker holds one connection for its whole run, so the op needs max_buckets of them at once (5, or 10
+    # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
+    # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
+    with observer, gitlab_db.dedicated_engine(workers) as engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
+        try:
+            for bucket in range(workers):
+                pool.submit(work, engine, bucket)
+            while len(ended) < workers:
+                take(*handed_over.get())
+        except BaseException:  # the run is terminated (Dagster interrupts this thread)
+            stop.set()
+            pool.shutdown(cancel_futures=True)  # each worker ends the batch it is in; none starts another
+            while not handed_over.empty():
+                take(*handed_over.get_nowait())  # where each one stopped, in the run's log
+            raise
+    failed = {b: e for b, e in sorted(ended.items()) if isinstance(e, BaseException)}
+    if failed:
+        by_cause: dict[str, list[str]] = {}  # workers that lost the same server fail alike: name the cause once
+        for b, e in failed.items():
+            by_cause.setdefault(_cause(e), []).append(str(b))
+        raise BucketWorkerFailed(
+            "; ".join(f"bucket worker{'s' * (len(b) > 1)} {', '.join(b)} failed: {c}" for c, b in by_cause.items())
+            + " (a claimed bucket stays occupied until stale recovery, 10 minutes)"
+        ) from next(iter(failed.values()))
+    results = [ended[b] for b in range(workers)]
+    context.add_output_metadata({"bucket_workers": table([_worker_row(b, r) for b, r in enumerate(results)],
+                                                         WORKER_COLUMNS)})
+    return results
+
+
+def _worker_row(bucket: int, result: service.WorkerResult) -> dict:
+    return {
+        "mod_bucket": bucket, "claimed": result.mod_bucket is not None,
+        "destroyed_job_artifacts_count": result.destroyed_job_artifacts_count,
+        "artifacts_empty": result.artifacts_empty,
+        "terminated_early_due_to_scale_down": result.terminated_early_due_to_scale_down,
+        "stopped_by_feature_flag": result.stopped_by_feature_flag, "batches": result.batches, "size": result.size,
+    }
+
+
+def _cause(error: BaseException) -> str:
+    """The error in one line: a database error's own message, without SQLAlchemy's copy of the statement (the
+    whole error stays the failure's cause)."""
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        error = error.orig
+    return f"{type(error).__name__}: {str(error).strip()}"
+
+
+def _log_worker(context: OpExecutionContext, bucket: int, ended: service.WorkerResult | BaseException) -> None:
+    """The seed's log line of one worker (``log_extra_metadata_on_done``)."""
+    if isinstance(ended, BaseException):
+        context.log.error(f"Bucket worker {bucket} failed: {_cause(ended)}")
+    elif ended.mod_bucket is None:
         context.log.info(f"Bucket {bucket} is not available (occupied by another worker); nothing to do")
-    context.add_output_metadata(
-        {
-            "status": "bucket not available" if result.mod_bucket is None else "success",
-            "mod_bucket": bucket,
-            "claimed": result.mod_bucket is not None,
-            "destroyed_job_artifacts_count": result.destroyed_job_artifacts_count,
-            "artifacts_empty": result.artifacts_empty,
-            "terminated_early_due_to_scale_down": result.terminated_early_due_to_scale_down,
-            "stopped_by_feature_flag": result.stopped_by_feature_flag,
-            "batches": result.batches,
-            "size": result.size,
-        }
-    )
-    return result
+    else:
+        context.log.info(
+            f"Bucket worker {bucket} done: mod_bucket={ended.mod_bucket}, "
+            f"destroyed_job_artifacts_count={ended.destroyed_job_artifacts_count}, "
+            f"artifacts_empty={ended.artifacts_empty}, "
+            f"terminated_early_due_to_scale_down={ended.terminated_early_due_to_scale_down}"
+            + (", stopped: the run was terminated" if ended.stopped else "")
+        )
 
 
 @op
@@ -200,18 +261,11 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
     })
 
 
-def _bucket_workers() -> None:
-    plan, buckets = schedule_buckets()
-    results = buckets.map(lambda bucket: delete_expired_artifacts_in_bucket(plan, bucket))
-    report_bulk_delete(plan, results.collect())
-
-
 schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule = batch_job(
-    "schedule_bulk_delete_job_artifacts", _bucket_workers,
+    "schedule_bulk_delete_job_artifacts", linear(schedule_buckets, run_bucket_workers, report_bulk_delete),
     description="Delete expired job artifacts in parallel buckets "
     "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)",
     seed="004",
-    executor_def=WORKERS_EXECUTOR,
     # GitLab alerts when the scheduler runs over 60 s; here the run also holds its workers, which
     # stop themselves after MAX_RUNTIME, so run monitoring fails a run past both.
     max_runtime_seconds=60 + int(service.MAX_RUNTIME.total_seconds()),
