@@ -26,6 +26,7 @@ from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     ARTIFACTS_ROOT_ENV,
+    STOPPING,
     delete_expired_artifact_files,
     delete_expired_artifact_files_schedule,
     schedule_bulk_delete_job_artifacts,
@@ -536,6 +537,7 @@ import sys, redis
 from sqlalchemy import create_engine
 from ci_cleanup.gitlab.schema import gitlab_schema
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import STOPPING
 service.run_bucket_worker(create_engine(sys.argv[1]), redis.Redis.from_url(sys.argv[2]), gitlab_schema())
 """
 
@@ -702,7 +704,9 @@ def test_a_terminated_run_stops_its_workers_between_batches_and_gives_the_bucket
                         ))
                 assert waiting == 5, log.read_text()
                 run.send_signal(signal.SIGINT)
-                time.sleep(2)  # the op's thread takes the interrupt and tells the workers to stop
+                while STOPPING not in log.read_text():  # the op's thread took the interrupt: stop is set
+                    assert run.poll() is None and time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.1)
                 blocker.rollback()  # the five batches end
                 assert run.wait(120) != 0
             finally:

@@ -122,6 +122,9 @@ def schedule_buckets(
     return BulkDeletePlan(begun, buckets=buckets, **limits)
 
 
+STOPPING = "Run interrupted, stopping the bucket workers"
+
+
 class BucketWorkerFailed(RuntimeError):
     """A bucket worker raised; its bucket stays occupied until stale recovery (the other workers finished)."""
 
@@ -184,6 +187,7 @@ def run_bucket_workers(
                 take(*handed_over.get())
         except BaseException:  # the run is terminated (Dagster interrupts this thread)
             stop.set()
+            context.log.warning(f"{STOPPING}: each ends the batch it is in and starts no other")
             pool.shutdown(cancel_futures=True)  # each worker ends the batch it is in; none starts another
             while not handed_over.empty():
                 take(*handed_over.get_nowait())  # where each one stopped, in the run's log
