@@ -3,6 +3,7 @@ unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import itertools
@@ -542,16 +543,15 @@ service.run_bucket_worker(create_engine(sys.argv[1]), redis.Redis.from_url(sys.a
 """
 
 
-def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(stack, engine, redis_client):
-    enable(engine, service.FEATURE_FLAG)
-    created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
-    redis_client.sadd(AVAILABLE_KEY, "0")
-    # The batch is one statement: hold it at its end (its rows deleted and recorded, its transaction
-    # open) with a statement trigger on ci_deleted_objects that waits for an advisory lock the test holds.
+@contextlib.contextmanager
+def held_batches(engine, lock: int):
+    """Every batch statement held at its end (its rows deleted and recorded, its transaction open) by a statement
+    trigger on ci_deleted_objects that waits for the advisory lock ``lock``. The connection given holds the lock
+    until it rolls back; the trigger is dropped afterwards."""
     with engine.begin() as conn:
         conn.execute(text(
             "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN PERFORM pg_advisory_xact_lock(4004); RETURN NULL; END $$"
+            f"BEGIN PERFORM pg_advisory_xact_lock({int(lock)}); RETURN NULL; END $$"
         ))
         conn.execute(text(
             "CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects "
@@ -559,47 +559,55 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
         ))
     try:
         with engine.connect() as blocker:
-            blocker.execute(text("SELECT pg_advisory_xact_lock(4004)"))
-            worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url],
-                                      cwd=os.getcwd())
-            try:
-                backend = None
-                deadline = time.monotonic() + 60
-                while backend is None and time.monotonic() < deadline and worker.poll() is None:
-                    with engine.connect() as conn:
-                        backend = conn.scalar(text(
-                            "SELECT pid FROM pg_stat_activity "
-                            "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
-                        ))
-                    time.sleep(0.05)
-                assert backend is not None, "the worker never reached the end of its batch statement"
-                # the batch did delete: its 100 rows are held by its open transaction
-                with engine.connect() as conn:
-                    a = S.ci_job_artifacts
-                    free = conn.scalars(
-                        select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
-                    assert len(free) == 50
-                    conn.rollback()
-                os.kill(worker.pid, signal.SIGKILL)
-                worker.wait()
-                with engine.connect() as conn:
-                    conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
-                    deadline = time.monotonic() + 60
-                    # pg_stat_activity is a snapshot per transaction: clear it each time to see the backend go.
-                    while conn.execute(text("SELECT pg_stat_clear_snapshot()")) and conn.scalar(
-                        text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
-                    ):
-                        assert time.monotonic() < deadline, "the killed worker's backend did not exit"
-                        time.sleep(0.05)
-            finally:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
-            blocker.rollback()
+            blocker.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+            yield blocker
     finally:
         with engine.begin() as conn:
             conn.execute(text("DROP TRIGGER IF EXISTS hold_batch ON ci_deleted_objects"))
             conn.execute(text("DROP FUNCTION IF EXISTS hold_batch()"))
+
+
+def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(stack, engine, redis_client):
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    with held_batches(engine, 4004) as blocker:
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url],
+                                  cwd=os.getcwd())
+        try:
+            backend = None
+            deadline = time.monotonic() + 60
+            while backend is None and time.monotonic() < deadline and worker.poll() is None:
+                with engine.connect() as conn:
+                    backend = conn.scalar(text(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                    ))
+                time.sleep(0.05)
+            assert backend is not None, "the worker never reached the end of its batch statement"
+            # the batch did delete: its 100 rows are held by its open transaction
+            with engine.connect() as conn:
+                a = S.ci_job_artifacts
+                free = conn.scalars(
+                    select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
+                assert len(free) == 50
+                conn.rollback()
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+                deadline = time.monotonic() + 60
+                # pg_stat_activity is a snapshot per transaction: clear it each time to see the backend go.
+                while conn.execute(text("SELECT pg_stat_clear_snapshot()")) and conn.scalar(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
+                ):
+                    assert time.monotonic() < deadline, "the killed worker's backend did not exit"
+                    time.sleep(0.05)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        blocker.rollback()
 
     remaining = set(ids(engine, "ci_job_artifacts"))
     objects = deleted_objects(engine)
@@ -670,53 +678,37 @@ def test_a_terminated_run_stops_its_workers_between_batches_and_gives_the_bucket
     first batch: each batch ends whole, no worker starts another, every bucket goes back, the run fails."""
     enable(engine, service.FEATURE_FLAG)
     created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
-    # Hold every batch statement at its end with a statement trigger waiting on an advisory lock the test holds.
-    with engine.begin() as conn:
-        conn.execute(text(
-            "CREATE FUNCTION hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN PERFORM pg_advisory_xact_lock(4005); RETURN NULL; END $$"
-        ))
-        conn.execute(text(
-            "CREATE TRIGGER hold_batch AFTER INSERT ON ci_deleted_objects "
-            "FOR EACH STATEMENT EXECUTE FUNCTION hold_batch()"
-        ))
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     log = tmp_path / "run.log"
-    try:
-        with engine.connect() as blocker, log.open("w") as out:
-            blocker.execute(text("SELECT pg_advisory_xact_lock(4005)"))
-            run = subprocess.Popen(
-                [os.path.join(os.path.dirname(sys.executable), "dagster"), "job", "execute", "-m", "ci_cleanup",
-                 "-j", "schedule_bulk_delete_job_artifacts"],
-                env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
-                              DAGSTER_HOME=str(tmp_path)),
-                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            )
-            try:
-                deadline, waiting = time.monotonic() + 120, 0
-                while waiting < 5 and run.poll() is None:
-                    assert time.monotonic() < deadline, "the five workers never reached the end of their batch"
-                    time.sleep(0.1)
-                    with engine.connect() as conn:
-                        waiting = conn.scalar(text(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                            "AND wait_event = 'advisory'"
-                        ))
-                assert waiting == 5, log.read_text()
-                run.send_signal(signal.SIGINT)
-                while STOPPING not in log.read_text():  # the op's thread took the interrupt: stop is set
-                    assert run.poll() is None and time.monotonic() < deadline, log.read_text()
-                    time.sleep(0.1)
-                blocker.rollback()  # the five batches end
-                assert run.wait(120) != 0
-            finally:
-                if run.poll() is None:
-                    run.kill()
-                    run.wait()
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER IF EXISTS hold_batch ON ci_deleted_objects"))
-            conn.execute(text("DROP FUNCTION IF EXISTS hold_batch()"))
+    with held_batches(engine, 4005) as blocker, log.open("w") as out:
+        run = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "dagster"), "job", "execute", "-m", "ci_cleanup",
+             "-j", "schedule_bulk_delete_job_artifacts"],
+            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+                          DAGSTER_HOME=str(tmp_path)),
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+        try:
+            deadline, waiting = time.monotonic() + 120, 0
+            while waiting < 5 and run.poll() is None:
+                assert time.monotonic() < deadline, "the five workers never reached the end of their batch"
+                time.sleep(0.1)
+                with engine.connect() as conn:
+                    waiting = conn.scalar(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND wait_event = 'advisory'"
+                    ))
+            assert waiting == 5, log.read_text()
+            run.send_signal(signal.SIGINT)
+            while STOPPING not in log.read_text():  # the op's thread took the interrupt: stop is set
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            blocker.rollback()  # the five batches end
+            assert run.wait(120) != 0
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
 
     output = log.read_text()
     # Bucket 0's first batch (its 100 oldest) committed whole and no other began.
