@@ -10,7 +10,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import require_columns, utc_now
+from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -51,12 +51,12 @@ def find_auto_stoppable_environments(
     """Check the schema, take the lease (skip if held, as GitLab does) and count the environments past
     auto_stop_at."""
     schema = gitlab_db.schema
-    with gitlab_db.engine.connect() as conn:
-        tables = [schema.environments, schema.deployments, schema.ci_builds, schema.ci_pending_builds]
-        gitlab_tables = require_columns(conn, tables)
+    gitlab_tables = gitlab_db.require([schema.environments, schema.deployments, schema.ci_builds,
+                                       schema.ci_pending_builds])
+    with gitlab_db.engine_for(schema.environments).connect() as conn:
         candidates = service.count_auto_stoppable(conn, schema, utc_now())
     begun = start(context, run_options, LEASE, gitlab_redis)
-    context.add_output_metadata({"candidates": candidates, "gitlab_tables": gitlab_tables, **begun.metadata})
+    context.add_output_metadata({"candidates": candidates, **gitlab_tables, **begun.metadata})
     return AutoStopPlan(begun, config.batch_size, config.max_loops, config.max_runtime_minutes, candidates)
 
 
@@ -92,7 +92,8 @@ def stop_environments(
 
     with observer:
         return service.auto_stop_environments(
-            gitlab_db.engine, gitlab_db.schema, batch_size=plan.batch_size, max_loops=plan.max_loops,
+            gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.schema,
+            batch_size=plan.batch_size, max_loops=plan.max_loops,
             max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run, max_ids=MAX_IDS_REPORTED,
             on_batch=on_batch, report_error=report_error,
         )
