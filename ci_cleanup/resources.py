@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, quote, urlsplit
 
+import psycopg2.errors
 import redis
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -110,6 +111,10 @@ CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
 _VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
 
 
+class StatementTimeout(RuntimeError):
+    """A statement ran over ``statement_timeout_seconds``; PostgreSQL cancelled it (its transaction rolled back)."""
+
+
 class WrongDatabase(SchemaMismatch):
     """A table the job needs is GitLab's write-locked legacy copy in the database it would use."""
 
@@ -204,6 +209,14 @@ class GitLabDatabase(ConfigurableResource):
             # … failed" without naming which server: say it is GitLab's PostgreSQL. A lost connection,
             # or one that cannot be opened (no statement yet), fails the run; never a pre-ping, which
             # must stay a plain disconnect so the pool reconnects after a restart.
+            if isinstance(ctx.original_exception, psycopg2.errors.QueryCanceled):
+                statement = " ".join((ctx.statement or "").removeprefix(limit).split())
+                error = StatementTimeout(
+                    f"A statement ran over the statement timeout ({self.statement_timeout_seconds} s) in the GitLab "
+                    f"database {where} and was cancelled: {statement[:300]}"
+                )
+                error.orig = ctx.original_exception
+                return error
             never_opened = ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError)
             lost = ctx.is_disconnect or never_opened
             if lost and not ctx.is_pre_ping:

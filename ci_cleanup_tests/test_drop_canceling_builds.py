@@ -19,6 +19,8 @@ from .factories import S, create, ids, naive_ago, row, updates_refused
 from .harness import gitlab_database
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
+
 LEASE = PREFIX + LEASE_KEY
 
 
