@@ -10,6 +10,7 @@ import threading
 import pytest
 from dagster import DagsterInstance
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from ci_cleanup.environments_auto_stop import service
 from ci_cleanup.environments_auto_stop.job import (
@@ -396,3 +397,131 @@ def test_schedule_runs_at_24_past_every_hour_utc():
     assert environments_auto_stop_schedule.cron_schedule == "24 * * * *"
     assert environments_auto_stop_schedule.execution_timezone == "UTC"
     assert environments_auto_stop_schedule.job_name == "environments_auto_stop"
+
+
+# --- auto_stop_at values Python's datetime cannot hold, in any session time zone --------------------------
+
+# Year 1 read in a session west of UTC is "year -1" for Python; '-infinity' and BC sort before year 1.
+ODD_AUTO_STOP_AT = {"year 1": "0001-01-01 00:00:00+00", "-infinity": "-infinity", "BC": "0044-03-15 12:00:00+00 BC"}
+ZONES = ["UTC", "America/New_York"]
+
+
+def zoned_database(url: str, zone: str):
+    """GitLab's tables in the scratch database ``url``, whose sessions default to the time zone ``zone``."""
+    scratch = gitlab_database(url)
+    with scratch.begin() as conn:
+        conn.execute(text(f"ALTER DATABASE \"{make_url(url).database}\" SET timezone TO '{zone}'"))
+    scratch.dispose()  # new sessions only take the database's setting
+    return scratch
+
+
+def due_environments(engine, count: int, **values) -> list[int]:
+    with engine.begin() as conn:
+        return list(conn.scalars(S.environments.insert().returning(S.environments.c.id), [
+            dict(project_id=1, name=f"review/due-{i}", slug=f"review-due-{i}", state="available",
+                 auto_stop_at=ago(minutes=10 + i), created_at=naive_ago(days=1), updated_at=naive_ago(days=1),
+                 **values)
+            for i in range(count)
+        ]))
+
+
+def odd_environment(engine, auto_stop_at: str, **values) -> int:
+    return create(engine, "environments", auto_stop_at=text(f"'{auto_stop_at}'::timestamptz"), **values)
+
+
+def row_text(engine, env_id: int) -> str:
+    """The whole environments row as PostgreSQL's text: an odd auto_stop_at cannot be read as a datetime."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT e::text FROM environments e WHERE id = :id"), {"id": env_id}).scalar_one()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+@pytest.mark.parametrize("odd", sorted(ODD_AUTO_STOP_AT))
+def test_one_odd_auto_stop_at_among_251_due_environments_is_stopped_with_all_the_others(
+    stack, scratch_database, redis_client, zone, odd
+):
+    scratch = zoned_database(scratch_database, zone)
+    others = due_environments(scratch, 250)
+    odd_id = odd_environment(scratch, ODD_AUTO_STOP_AT[odd])
+
+    result = run_job(environments_auto_stop, stack, database_url=scratch_database)
+
+    with scratch.connect() as conn:
+        assert conn.execute(text("SELECT current_setting('TimeZone')")).scalar_one() == zone
+        assert conn.execute(text(
+            "SELECT id FROM environments WHERE state = 'stopped' AND auto_stop_at IS NULL ORDER BY id"
+        )).scalars().all() == sorted([*others, odd_id])
+        assert conn.execute(text("SELECT count(*) FROM environments")).scalar_one() == 251
+    meta = report(result)
+    assert (meta["status"], meta["rows_changed"], meta["stopped_count"], meta["loops"]) == ("success", 251, 251, 3)
+    assert (meta["rows_with_errors"], meta["failed_ids"], meta["errors"]) == (0, [], [])
+    assert meta["stopped_ids"][0] == odd_id  # it sorts first: the first batch is where it used to fail
+    scratch.dispose()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_odd_auto_stop_at_with_stop_actions_goes_stopping_and_its_action_is_played(
+    stack, scratch_database, redis_client, zone
+):
+    scratch = zoned_database(scratch_database, zone)
+    apps = {odd: review_app(scratch) for odd in ODD_AUTO_STOP_AT}
+    with scratch.begin() as conn:
+        for odd, (env_id, _) in apps.items():
+            conn.execute(text("UPDATE environments SET auto_stop_at = CAST(:at AS timestamptz) WHERE id = :id"),
+                         {"at": ODD_AUTO_STOP_AT[odd], "id": env_id})
+
+    result = run_job(environments_auto_stop, stack, database_url=scratch_database)
+
+    with scratch.connect() as conn:
+        stopping = conn.execute(text("SELECT id FROM environments WHERE state = 'stopping' ORDER BY id")).all()
+        pending = conn.execute(text("SELECT id FROM p_ci_builds WHERE status = 'pending' ORDER BY id")).scalars().all()
+        queued = conn.execute(text("SELECT build_id FROM ci_pending_builds ORDER BY build_id")).scalars().all()
+        kept = [  # auto_stop_at is kept, as GitLab keeps it
+            conn.execute(text("SELECT auto_stop_at = CAST(:at AS timestamptz) FROM environments WHERE id = :id"),
+                         {"at": ODD_AUTO_STOP_AT[odd], "id": env_id}).scalar_one()
+            for odd, (env_id, _) in apps.items()
+        ]
+    assert stopping == [(env_id,) for env_id, _ in apps.values()]
+    assert kept == [True, True, True]
+    assert pending == queued == [stop for _, stop in apps.values()]
+    meta = report(result)
+    assert (meta["stopping_count"], meta["stop_actions_started"], meta["rows_with_errors"]) == (3, 3, 0)
+    scratch.dispose()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_dry_run_reports_odd_auto_stop_at_as_would_stop(stack, scratch_database, redis_client, zone):
+    scratch = zoned_database(scratch_database, zone)
+    odd_ids = [odd_environment(scratch, value) for value in ODD_AUTO_STOP_AT.values()]
+    ordinary = due_environments(scratch, 1)
+
+    result = run_job(environments_auto_stop, stack, database_url=scratch_database, dry_run=True)
+
+    with scratch.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM environments WHERE state = 'available'")).scalar_one() == 4
+    meta = report(result)
+    # in auto_stop_at order: -infinity, BC, year 1, then the ordinary one
+    assert meta["would_stop_ids"] == [odd_ids[1], odd_ids[2], odd_ids[0], *ordinary]
+    scratch.dispose()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_odd_auto_stop_at_the_database_refuses_to_stop_is_reported_and_the_others_are_stopped(
+    stack, scratch_database, redis_client, zone
+):
+    scratch = zoned_database(scratch_database, zone)
+    refused = odd_environment(scratch, ODD_AUTO_STOP_AT["year 1"])
+    others = [odd_environment(scratch, ODD_AUTO_STOP_AT["BC"]), *due_environments(scratch, 2)]
+    before = row_text(scratch, refused)
+
+    with updates_refused(scratch, "environments", f"NEW.id = {refused}", "environment is broken"):
+        result = run_job(environments_auto_stop, stack, database_url=scratch_database)
+
+    assert result.success
+    assert row_text(scratch, refused) == before
+    for env_id in others:
+        assert_stopped(scratch, env_id)
+    meta = report(result)
+    assert (meta["stopped_count"], meta["rows_with_errors"], meta["failed_ids"]) == (3, 1, [refused])
+    assert meta["errors"] == [f"environment {refused}: environment is broken"]
+    scratch.dispose()

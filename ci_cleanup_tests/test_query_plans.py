@@ -71,7 +71,7 @@ def statements(engine):
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
     yield "environments_auto_stop batch", auto_stop.stop_statement(S).params(
-        now=NOW, naive_now=NOW.replace(tzinfo=None), after_at=envs[len(envs) // 2].auto_stop_at,
+        now=NOW, naive_now=NOW.replace(tzinfo=None), after_at=envs[len(envs) // 2].cursor_at,
         after_id=envs[len(envs) // 2].id, limit=100,
     )
     a = S.ci_job_artifacts

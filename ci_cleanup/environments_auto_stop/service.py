@@ -15,6 +15,10 @@ GitLab's cron loop would pick the environments left available again and again; p
 ``(auto_stop_at, id)`` here, along GitLab's ``index_environments_on_state_and_auto_stop_at``, means each
 is seen once per run and a batch reads only its own rows, however large the backlog. A batch the
 database refuses (a bad row) is stopped environment by environment, by the same statement for one id.
+
+``auto_stop_at`` never reaches Python as a ``datetime``: the cursor is PostgreSQL's own text of it,
+bound back as it came. Python's datetime stops at year 1, and a year-1 ``auto_stop_at`` read in a session
+west of UTC is "year -1"; ``-infinity`` and BC dates sort before any cursor Python could hold.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from sqlalchemy import (
     FromClause,
     Integer,
     Select,
+    Text,
     and_,
     any_,
     bindparam,
     case,
+    cast,
     func,
     or_,
     select,
@@ -115,18 +121,26 @@ def count_auto_stoppable(conn: Connection, schema: GitLabSchema, now: dt.datetim
     return conn.scalar(select(func.count()).select_from(schema.environments).where(auto_stoppable(schema, now)))
 
 
-START = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)  # the cursor (auto_stop_at, id) before the first batch
+# The cursor (auto_stop_at, id) before the first batch: before any auto_stop_at, '-infinity' and BC included.
+START = ("-infinity", 0)
+
+
+def picked_columns(schema: GitLabSchema) -> list:
+    """What a batch reads of an environment; ``cursor_at`` is ``auto_stop_at`` as the session's text, for the cursor."""
+    e = schema.environments
+    return [e.c.id, e.c.auto_stop_setting, e.c.auto_stop_at, cast(e.c.auto_stop_at, Text).label("cursor_at")]
 
 
 def find_batch_query(schema: GitLabSchema, now, after: tuple, limit) -> Select:
     """The next ``limit`` auto-stoppable environments after the cursor ``after`` = (auto_stop_at, id).
 
     ``auto_stop_at >= :after_at`` is an index condition on ``(state, auto_stop_at)``; the id breaks ties.
+    ``after_at`` is a cursor's text (:data:`START`, or a batch's last ``cursor_at``), compared as a timestamptz.
     """
     e = schema.environments
     after_at, after_id = after
     return (
-        select(e.c.id, e.c.auto_stop_setting, e.c.auto_stop_at)
+        select(*picked_columns(schema))
         .where(
             auto_stoppable(schema, now), e.c.auto_stop_at >= after_at,
             or_(e.c.auto_stop_at > after_at, e.c.id > after_id),
@@ -137,7 +151,9 @@ def find_batch_query(schema: GitLabSchema, now, after: tuple, limit) -> Select:
 
 
 def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int) -> list[Row]:
-    return conn.execute(find_batch_query(schema, now, after, limit)).all()
+    """The next batch's ``id`` and ``cursor_at`` (never ``auto_stop_at`` itself: see the module's docstring)."""
+    query = find_batch_query(schema, now, after, limit)
+    return conn.execute(query.with_only_columns(query.selected_columns.id, query.selected_columns.cursor_at)).all()
 
 
 def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select:
@@ -175,7 +191,7 @@ def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select
 def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = False) -> Select:
     """Pick environments and stop them as ``stop_with_actions!`` does, in one statement.
 
-    One row per environment picked, in cursor order: ``id``, ``auto_stop_at``, ``outcome`` and
+    One row per environment picked, in cursor order: ``id``, ``cursor_at``, ``outcome`` and
     ``played`` (the stop actions played for it). The pieces, as CTEs:
 
     - ``batch``: the next ``:limit`` environments after the cursor (``:after_at``, ``:after_id``), as
@@ -196,7 +212,7 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
     e = schema.environments
     now = bindparam("now", type_=TIMESTAMPTZ)
     if one:
-        picked = select(e.c.id, e.c.auto_stop_setting, e.c.auto_stop_at).where(
+        picked = select(*picked_columns(schema)).where(
             e.c.id == bindparam("environment_id", type_=BigInteger), auto_stoppable(schema, now)
         )
     else:
@@ -208,6 +224,7 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
     planned = select(
         batch.c.id,
         batch.c.auto_stop_at,
+        batch.c.cursor_at,
         case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED)
         .label("outcome"),
     ).cte("planned")
@@ -216,7 +233,7 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
             actions.c.environment_id == planned.c.id, planned.c.outcome == STOPPING, actions.c.status == "manual"
         )
         would_be_played = _ids_array(would_play, actions.c.id).label("played")
-        return select(planned.c.id, planned.c.auto_stop_at, planned.c.outcome, would_be_played).order_by(
+        return select(planned.c.id, planned.c.cursor_at, planned.c.outcome, would_be_played).order_by(
             planned.c.auto_stop_at, planned.c.id
         )
     return _stopped_and_played(schema, now, planned, actions)
@@ -269,7 +286,7 @@ def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
     done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
     return (
         select(
-            planned.c.id, planned.c.auto_stop_at,
+            planned.c.id, planned.c.cursor_at,
             case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"),
             _ids_array(played_for, played.c.id).label("played"),
         )
@@ -295,8 +312,8 @@ def _outcome(rows) -> BatchOutcome:
 
 
 def _cursor(rows) -> tuple | None:
-    """The cursor after a batch: its last row's (auto_stop_at, id); None when the batch was empty."""
-    return (rows[-1].auto_stop_at, rows[-1].id) if rows else None
+    """The cursor after a batch: its last row's (auto_stop_at as text, id); None when the batch was empty."""
+    return (rows[-1].cursor_at, rows[-1].id) if rows else None
 
 
 def preview_batch(
