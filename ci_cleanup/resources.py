@@ -199,6 +199,9 @@ class GitLabDatabase(ConfigurableResource):
 
         @event.listens_for(engine, "before_cursor_execute", retval=True)
         def _limit_statement(_conn, _cursor, statement, parameters, _context, _executemany):
+            # Not before a savepoint's rollback or release: in a failed transaction the SET itself would fail.
+            if statement.startswith(("ROLLBACK", "RELEASE", "SAVEPOINT")):
+                return statement, parameters
             return limit + statement, parameters
 
         where = f"{database} at {self._where(database)}"

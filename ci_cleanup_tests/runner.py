@@ -9,14 +9,14 @@ from ci_cleanup.resources import job_resources
 
 def run_job(
     job: JobDefinition, stack, *, run_config: dict | None = None, dry_run: bool = False,
-    database_url: str | None = None, raise_on_error: bool = True, instance: DagsterInstance | None = None,
-    tags: dict | None = None,
+    database_url: str | None = None, ci_database_url: str | None = None, raise_on_error: bool = True,
+    instance: DagsterInstance | None = None, tags: dict | None = None,
 ) -> ExecuteInProcessResult:
     return job.execute_in_process(
         run_config=run_config or {},
         # Decomposed (GitLab as deployed): the ci database too, unless the test points the job elsewhere.
         resources=job_resources(database_url or stack.url(), stack.redis_url, dry_run=dry_run,
-                                ci_database_url=None if database_url else stack.ci_url()),
+                                ci_database_url=ci_database_url or (None if database_url else stack.ci_url())),
         instance=instance or DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
         tags=tags,

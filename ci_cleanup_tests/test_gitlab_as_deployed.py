@@ -152,8 +152,8 @@ def test_the_statement_timeout_holds_in_every_transaction_the_jobs_open(deployed
                               "FOR EACH STATEMENT EXECUTE FUNCTION record_timeout()"))
     try:
         for name in GITLAB_JOBS:
-            run_job(BY_NAME[name].job, deployed, run_config={
-                "resources": {"gitlab_db": {"config": {"statement_timeout_seconds": 7}}}})
+            resources = _resources(deployed, main=deployed.url(), ci=deployed.ci_url(), statement_timeout_seconds=7)
+            assert BY_NAME[name].job.execute_in_process(resources=resources).success, name
         seen = []
         for engine in (dbs.main, dbs.ci):
             with engine.connect() as conn:
@@ -166,11 +166,10 @@ def test_the_statement_timeout_holds_in_every_transaction_the_jobs_open(deployed
             with engine.begin() as conn:
                 conn.execute(text("DROP TABLE IF EXISTS timeout_seen; DROP FUNCTION IF EXISTS record_timeout()"))
     # drop (update), stale (delete, autocommit), environments (update), artifacts (delete + insert, autocommit),
-    # deleted objects (delete), exports (update): every one under the run's 7 s, none without it.
+    # exports (update): every one under the run's 7 s, none without it.
     assert {(tbl, op) for tbl, op, _ in seen} >= {
         ("p_ci_builds", "UPDATE"), ("ci_runner_machines", "DELETE"), ("environments", "UPDATE"),
-        ("p_ci_job_artifacts", "DELETE"), ("ci_deleted_objects", "INSERT"), ("ci_deleted_objects", "DELETE"),
-        ("project_export_jobs", "UPDATE")}
+        ("p_ci_job_artifacts", "DELETE"), ("ci_deleted_objects", "INSERT"), ("project_export_jobs", "UPDATE")}
     assert {timeout for _, _, timeout in seen} == {"7s"}
     assert row(dbs, *seeded["stale_runner_machines_cleanup"]) is None
 
@@ -181,8 +180,9 @@ def test_a_statement_over_the_timeout_is_cancelled_through_pgbouncer_and_the_run
     machine = create(dbs, "ci_runner_machines", created_at=ago(days=8))
     with dbs.ci.connect() as holder:
         holder.execute(text("LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE"))
-        result = run_job(BY_NAME["stale_runner_machines_cleanup"].job, deployed, raise_on_error=False, run_config={
-            "resources": {"gitlab_db": {"config": {"statement_timeout_seconds": 1}}}})
+        result = BY_NAME["stale_runner_machines_cleanup"].job.execute_in_process(
+            resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url(), statement_timeout_seconds=1),
+            raise_on_error=False)
         holder.rollback()
     message = failure_messages(result)
     assert not result.success

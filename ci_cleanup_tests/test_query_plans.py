@@ -70,9 +70,16 @@ def statements(engine):
     yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
-    yield "environments_auto_stop batch", auto_stop.stop_statement(S).params(
-        now=NOW, naive_now=NOW.replace(tzinfo=None), after_at=envs[len(envs) // 2].cursor_at,
-        after_id=envs[len(envs) // 2].id, limit=100,
+    yield "environments_auto_stop pick", auto_stop.pick_statement(S).params(
+        now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
+    )
+    yield "environments_auto_stop stop actions", auto_stop.stop_actions_statement(S).params(
+        environment_ids=[env.id for env in envs[:100]], deployable_ids=[env.id for env in envs[:100]],
+        on_stops=["stop_review"] * len(envs[:100]), naive_now=NOW.replace(tzinfo=None),
+    )
+    yield "environments_auto_stop states", auto_stop.state_statement(S).params(
+        now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
+        stopped_ids=[env.id for env in envs[50:100]],
     )
     a = S.ci_job_artifacts
     yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
@@ -114,7 +121,7 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
             if scans := [n["Relation Name"] for n in plan
                          if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
-    assert checked == 14
+    assert checked == 16
     assert failures == []
 
 

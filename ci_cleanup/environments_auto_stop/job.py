@@ -92,7 +92,8 @@ def stop_environments(
 
     with observer:
         return service.auto_stop_environments(
-            gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.schema,
+            gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.engine_for(gitlab_db.schema.ci_builds),
+            gitlab_db.schema,
             batch_size=plan.batch_size, max_loops=plan.max_loops,
             max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run, max_ids=MAX_IDS_REPORTED,
             on_batch=on_batch, report_error=report_error,

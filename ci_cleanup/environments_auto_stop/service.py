@@ -1,8 +1,8 @@
 """``Environments::AutoStopService`` and the ``Environments::AutoStopWorker`` it enqueues, in one place.
 
-The rule, without Dagster, in one statement (:func:`stop_statement`): page through the environments
-whose auto-stop time has passed (``Environment.auto_stoppable``), 100 at a time, and stop each as
-GitLab's ``Environments::StopService`` → ``Environment#stop_with_actions!`` does:
+The rule, without Dagster: page through the environments whose auto-stop time has passed
+(``Environment.auto_stoppable``), 100 at a time, and stop each as GitLab's ``Environments::StopService`` →
+``Environment#stop_with_actions!`` does:
 
 - stop actions = the ``Ci::Build`` rows of the last successful deployment's pipeline whose name is
   that deployment's ``on_stop``;
@@ -11,10 +11,15 @@ GitLab's ``Environments::StopService`` → ``Environment#stop_with_actions!`` do
 - without, and ``auto_stop_setting`` is ``always``: ``stopped``, ``auto_stop_at`` cleared;
 - without, and ``with_action``: nothing (the environment stays available).
 
+Environments and deployments are in GitLab's ``main`` database, builds and the runners' queue in ``ci``
+(the same database when GitLab is not decomposed). A batch is three statements: picked and locked in main
+(:func:`pick_statement`), stop actions played in ci (:func:`stop_actions_statement`), states written in main
+(:func:`state_statement`); :func:`stop_picked` says why in that order.
+
 GitLab's cron loop would pick the environments left available again and again; paging by
 ``(auto_stop_at, id)`` here, along GitLab's ``index_environments_on_state_and_auto_stop_at``, means each
-is seen once per run and a batch reads only its own rows, however large the backlog. A batch the
-database refuses (a bad row) is stopped environment by environment, by the same statement for one id.
+is seen once per run and a batch reads only its own rows, however large the backlog. What a database
+refuses for a batch (a bad row) is done environment by environment.
 
 ``auto_stop_at`` never reaches Python as a ``datetime``: the cursor is PostgreSQL's own text of it,
 bound back as it came. Python's datetime stops at year 1, and a year-1 ``auto_stop_at`` read in a session
@@ -32,22 +37,23 @@ from dataclasses import dataclass, field
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
-    FromClause,
+    CompoundSelect,
     Integer,
     Select,
     Text,
     and_,
     any_,
     bindparam,
-    case,
     cast,
     func,
+    literal,
     or_,
     select,
     true,
+    union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by, insert
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -156,61 +162,25 @@ def find_batch(conn: Connection, schema: GitLabSchema, now: dt.datetime, after: 
     return conn.execute(query.with_only_columns(query.selected_columns.id, query.selected_columns.cursor_at)).all()
 
 
-def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select:
-    """``Environment#stop_actions`` of each row of ``environments`` (anything with an ``id`` column).
+@functools.lru_cache(maxsize=8)
+def pick_statement(schema: GitLabSchema, *, one: bool = False, lock: bool = True) -> Select:
+    """The main database's half: the next ``:limit`` auto-stoppable environments after the cursor (with ``one``,
+    the environment ``:environment_id`` if still auto-stoppable), each with its last successful deployment's
+    deployable and ``on_stop`` (``status = 2 ORDER BY id DESC LIMIT 1``, one index probe through a LATERAL join).
 
-    For each environment, its last successful deployment (``status = 2 ORDER BY id DESC LIMIT 1``,
-    one index probe each through a LATERAL join), that deployment's build's pipeline, and the
-    ``Ci::Build`` rows of that pipeline named by ``on_stop``.
+    ``lock``: ``FOR UPDATE OF environments``, held until the environments are written: an environment restarted
+    (a new deployment pushes ``auto_stop_at``) before the lock is re-checked by PostgreSQL and not picked, and
+    none is restarted between its stop actions being played and its state being written.
     """
-    d = schema.deployments
-    deployable = schema.ci_builds.alias("deployable")
-    stop_action = schema.ci_builds.alias("stop_action")
+    e, d = schema.environments, schema.deployments
+    now = bindparam("now", type_=TIMESTAMPTZ)
     last_deployment = (
         select(d.c.deployable_id, d.c.on_stop)
-        .where(d.c.environment_id == environments.c.id, d.c.status == DEPLOYMENT_SUCCESS)
+        .where(d.c.environment_id == e.c.id, d.c.status == DEPLOYMENT_SUCCESS)
         .order_by(d.c.id.desc())
         .limit(1)
         .lateral("last_deployment")
     )
-    return select(environments.c.id.label("environment_id"), stop_action.c.id, stop_action.c.status).select_from(
-        environments.join(last_deployment, true())
-        .join(deployable, deployable.c.id == last_deployment.c.deployable_id)
-        .join(
-            stop_action,
-            and_(
-                stop_action.c.commit_id == deployable.c.commit_id,
-                stop_action.c.name == last_deployment.c.on_stop,
-                stop_action.c.type == "Ci::Build",
-            ),
-        )
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = False) -> Select:
-    """Pick environments and stop them as ``stop_with_actions!`` does, in one statement.
-
-    One row per environment picked, in cursor order: ``id``, ``cursor_at``, ``outcome`` and
-    ``played`` (the stop actions played for it). The pieces, as CTEs:
-
-    - ``batch``: the next ``:limit`` environments after the cursor (``:after_at``, ``:after_id``), as
-      :func:`find_batch_query`; with ``one``, the environment ``:environment_id`` if still auto-stoppable
-      (the per-environment fallback of a batch the database refuses);
-    - ``actions``: their stop actions (:func:`stop_actions_query`); ``planned``: the rule, each
-      environment's outcome (stop actions: ``stopping``; none and ``always``: ``stopped``; else untouched);
-    - ``stopping`` / ``stopped``: ``UPDATE … WHERE id = ANY(ARRAY(planned ids)) AND <still auto-stoppable>``
-      (and ``always`` for a plain stop). An environment restarted or stopped by someone else after the
-      statement's snapshot is re-checked by PostgreSQL when its row is locked, and left as it is;
-    - ``played``: the ``manual`` stop actions of the environments that went ``stopping`` (``Ci::Build#play``),
-      re-checked the same way, and ``queued``: those joining the runners' queue (``ci_pending_builds``).
-
-    ``dry_run``: ``batch``, ``actions`` and ``planned`` alone, writing nothing; ``played`` is then what
-    would be played. Built once; bound per batch: ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``,
-    and the cursor and ``:limit`` (or ``:environment_id``).
-    """
-    e = schema.environments
-    now = bindparam("now", type_=TIMESTAMPTZ)
     if one:
         picked = select(*picked_columns(schema)).where(
             e.c.id == bindparam("environment_id", type_=BigInteger), auto_stoppable(schema, now)
@@ -218,60 +188,58 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
     else:
         after = (bindparam("after_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
         picked = find_batch_query(schema, now, after, bindparam("limit", type_=Integer))
-    batch = picked.cte("batch")
-    actions = stop_actions_query(schema, batch).cte("actions")
-    has_actions = select(actions.c.environment_id).where(actions.c.environment_id == batch.c.id).exists()
-    planned = select(
-        batch.c.id,
-        batch.c.auto_stop_at,
-        batch.c.cursor_at,
-        case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED)
-        .label("outcome"),
-    ).cte("planned")
+    # Never auto_stop_at itself (see the module's docstring): its text, cursor_at.
+    columns = picked.selected_columns
+    picked = picked.with_only_columns(
+        columns.id, columns.auto_stop_setting, columns.cursor_at, last_deployment.c.deployable_id,
+        last_deployment.c.on_stop,
+    ).outerjoin_from(e, last_deployment, true())
+    return picked.with_for_update(of=e) if lock else picked
+
+
+@functools.lru_cache(maxsize=8)
+def stop_actions_statement(schema: GitLabSchema, *, dry_run: bool = False) -> Select:
+    """The ci database's half, in one statement: ``Environment#stop_actions`` (the ``Ci::Build`` rows of the
+    deployable's pipeline named ``on_stop``) of each environment given (``:environment_ids``, ``:deployable_ids``,
+    ``:on_stops``, in step), and the ``manual`` ones played (``Ci::Build#play``: ``pending``, ``queued_at``) and
+    queued for the runners (``ci_pending_builds``, GitLab's ``Ci::UpdateBuildQueueService#push``).
+
+    One row per environment that has stop actions: ``environment_id``, ``actions`` (all of them) and ``played``.
+    Played once only: a stop action already ``pending`` is not played again, so running this twice for the same
+    environments (a run killed before it wrote them) plays nothing more. ``dry_run``: ``played`` is what would be.
+    """
+    b, pending = schema.ci_builds, schema.ci_pending_builds
+    wanted = select(
+        func.unnest(bindparam("environment_ids", type_=ARRAY(BigInteger))).label("environment_id"),
+        func.unnest(bindparam("deployable_ids", type_=ARRAY(BigInteger))).label("deployable_id"),
+        func.unnest(bindparam("on_stops", type_=ARRAY(Text))).label("on_stop"),
+    ).cte("wanted")
+    deployable, stop_action = b.alias("deployable"), b.alias("stop_action")
+    actions = select(wanted.c.environment_id, stop_action.c.id, stop_action.c.status).select_from(
+        wanted.join(deployable, deployable.c.id == wanted.c.deployable_id).join(
+            stop_action,
+            and_(
+                stop_action.c.commit_id == deployable.c.commit_id,
+                stop_action.c.name == wanted.c.on_stop,
+                stop_action.c.type == "Ci::Build",
+            ),
+        )
+    ).cte("actions")
+    all_actions = func.array_agg(aggregate_order_by(actions.c.id, actions.c.id)).label("actions")
     if dry_run:
-        would_play = select(actions.c.id).where(
-            actions.c.environment_id == planned.c.id, planned.c.outcome == STOPPING, actions.c.status == "manual"
+        would_play = func.array_agg(aggregate_order_by(actions.c.id, actions.c.id)).filter(actions.c.status == "manual")
+        return select(actions.c.environment_id, all_actions, would_play.label("played")).group_by(
+            actions.c.environment_id
         )
-        would_be_played = _ids_array(would_play, actions.c.id).label("played")
-        return select(planned.c.id, planned.c.cursor_at, planned.c.outcome, would_be_played).order_by(
-            planned.c.auto_stop_at, planned.c.id
-        )
-    return _stopped_and_played(schema, now, planned, actions)
-
-
-def _ids_array(query: Select, id_column) -> ColumnElement:
-    return func.array(query.order_by(id_column).scalar_subquery(), type_=ARRAY(BigInteger))
-
-
-def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
-    """The writing half of :func:`stop_statement`: what ``planned`` says, done, and each environment's outcome."""
-    e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
     naive_now = bindparam("naive_now", type_=TIMESTAMP)
-    due = auto_stoppable(schema, now)
-
-    def planned_ids(outcome: str):
-        return any_(func.array(select(planned.c.id).where(planned.c.outcome == outcome).scalar_subquery()))
-
-    stopping = (
-        update(e).where(e.c.id == planned_ids(STOPPING), due)
-        .values(state="stopping", updated_at=naive_now)
-        .returning(e.c.id).cte("stopping")
-    )
-    stopped = (
-        update(e).where(e.c.id == planned_ids(STOPPED), due, e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
-        .values(state="stopped", auto_stop_at=None, updated_at=naive_now)
-        .returning(e.c.id).cte("stopped")
-    )
-    to_play = select(actions.c.id).where(actions.c.environment_id.in_(select(stopping.c.id))).scalar_subquery()
     played = (
-        update(b).where(b.c.id == any_(func.array(to_play)), b.c.status == "manual")
+        update(b).where(b.c.id == any_(func.array(select(actions.c.id).scalar_subquery())), b.c.status == "manual")
         .values(
             status="pending", queued_at=naive_now, updated_at=naive_now,
             lock_version=func.coalesce(b.c.lock_version, 0) + 1,
         )
         .returning(b.c.id, b.c.project_id, b.c.partition_id).cte("played")
     )
-    # A build entering `pending` joins the runners' queue (GitLab's Ci::UpdateBuildQueueService#push).
     queued = (
         insert(pending)
         .from_select(
@@ -280,35 +248,39 @@ def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
         .on_conflict_do_nothing(index_elements=[pending.c.build_id])
         .cte("queued")
     )
-    played_for = select(played.c.id).join(actions, actions.c.id == played.c.id).where(
-        actions.c.environment_id == planned.c.id
-    )
-    done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
+    played_ids = func.array_agg(aggregate_order_by(played.c.id, played.c.id)).filter(played.c.id.is_not(None))
     return (
-        select(
-            planned.c.id, planned.c.cursor_at,
-            case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"),
-            _ids_array(played_for, played.c.id).label("played"),
-        )
-        .select_from(
-            planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id)
-        )
+        select(actions.c.environment_id, all_actions, played_ids.label("played"))
+        .select_from(actions.outerjoin(played, played.c.id == actions.c.id))
+        .group_by(actions.c.environment_id)
         .add_cte(queued)
-        .order_by(planned.c.auto_stop_at, planned.c.id)
     )
 
 
-def _batch_params(now: dt.datetime, after: tuple, limit: int) -> dict:
-    return {"now": now, "naive_now": naive_utc(now), "after_at": after[0], "after_id": after[1], "limit": limit}
-
-
-def _outcome(rows) -> BatchOutcome:
-    """A batch's rows from :func:`stop_statement`, sorted by outcome."""
-    batch = BatchOutcome()
-    for r in rows:
-        batch.ids[r.outcome].append(r.id)
-        batch.stop_actions_started += r.played
-    return batch
+@functools.lru_cache(maxsize=8)
+def state_statement(schema: GitLabSchema) -> CompoundSelect:
+    """The main database's write: ``:stopping_ids`` go ``stopping`` (they have stop actions), ``:stopped_ids``
+    (none, and ``always``) ``stopped`` with ``auto_stop_at`` cleared, each only if still auto-stoppable; the ids
+    written, with their outcome."""
+    e = schema.environments
+    now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
+    due = auto_stoppable(schema, now)
+    stopping = (
+        update(e).where(e.c.id == any_(bindparam("stopping_ids", type_=ARRAY(BigInteger))), due)
+        .values(state="stopping", updated_at=naive_now)
+        .returning(e.c.id).cte("stopping")
+    )
+    stopped = (
+        update(e)
+        .where(e.c.id == any_(bindparam("stopped_ids", type_=ARRAY(BigInteger))), due,
+               e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
+        .values(state="stopped", auto_stop_at=None, updated_at=naive_now)
+        .returning(e.c.id).cte("stopped")
+    )
+    return union_all(
+        select(stopping.c.id, literal(STOPPING).label("outcome")),
+        select(stopped.c.id, literal(STOPPED).label("outcome")),
+    )
 
 
 def _cursor(rows) -> tuple | None:
@@ -316,68 +288,125 @@ def _cursor(rows) -> tuple | None:
     return (rows[-1].cursor_at, rows[-1].id) if rows else None
 
 
-def preview_batch(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int
-) -> tuple[BatchOutcome, tuple | None]:
-    """Dry run: what the next batch would do, read only; with the cursor after it (None: no more)."""
-    with conn.begin():
-        rows = conn.execute(stop_statement(schema, dry_run=True), _batch_params(now, after, limit)).all()
-    return _outcome(rows), _cursor(rows)
+def _stop_actions(
+    ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], dry_run: bool
+) -> dict[int, Row]:
+    """Each picked environment's stop actions (and those played), in one ci transaction, committed."""
+    deployed = [env for env in picked if env.deployable_id is not None and env.on_stop is not None]
+    if not deployed:
+        return {}
+    params = {
+        "environment_ids": [env.id for env in deployed], "deployable_ids": [env.deployable_id for env in deployed],
+        "on_stops": [env.on_stop for env in deployed], "naive_now": naive_utc(now),
+    }
+    with ci.begin():
+        return {r.environment_id: r for r in ci.execute(stop_actions_statement(schema, dry_run=dry_run), params)}
 
 
-def stop_environment(
-    conn: Connection, schema: GitLabSchema, environment_id: int, now: dt.datetime
-) -> tuple[str, list[int]]:
-    """Stop one environment with :func:`stop_statement` in its own transaction: its outcome and the stop actions played.
+def _planned(env: Row, actions: dict[int, Row]) -> str:
+    """``stop_with_actions!``: stop actions -> ``stopping``; none and ``always`` -> ``stopped``; else nothing."""
+    if env.id in actions:
+        return STOPPING
+    return STOPPED if env.auto_stop_setting == AUTO_STOP_ALWAYS else LEFT_UNTOUCHED
 
-    One restarted (a new deployment pushes ``auto_stop_at``) or stopped meanwhile is not overwritten.
+
+def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan: dict[int, str]) -> dict[int, str]:
+    params = {
+        "now": now, "naive_now": naive_utc(now),
+        "stopping_ids": [i for i, o in plan.items() if o == STOPPING],
+        "stopped_ids": [i for i, o in plan.items() if o == STOPPED],
+    }
+    written = {r.id: r.outcome for r in main.execute(state_statement(schema), params)}
+    return {i: written.get(i, LEFT_UNTOUCHED if o == LEFT_UNTOUCHED else CHANGED_CONCURRENTLY) for i, o in plan.items()}
+
+
+def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_error) -> None:
+    if error.connection_invalidated:
+        raise error
+    report_error(environment_id, error)
+    batch.ids[FAILED].append(environment_id)
+    batch.errors.append((environment_id, str(getattr(error, "orig", error)).strip().splitlines()[0]))
+
+
+def stop_picked(
+    main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], *,
+    dry_run: bool = False, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
+) -> BatchOutcome:
+    """Stop the environments ``picked`` (locked in ``main``'s open transaction), as ``stop_with_actions!`` does.
+
+    GitLab's two databases share no transaction, so the order makes each step safe to repeat: the stop actions are
+    played and committed in ``ci`` first, then the environments are written in ``main``. A run killed between the
+    two commits leaves the environments available and their actions ``pending``: the next run picks them again,
+    plays nothing more and writes their state, so nothing is lost or done twice. What a database refuses for the
+    batch is done environment by environment (``ci`` in its own transactions, ``main`` under savepoints); an
+    environment refused is reported (``failed``) and left available.
     """
-    with conn.begin():
-        params = {"environment_id": environment_id, "now": now, "naive_now": naive_utc(now)}
-        row = conn.execute(stop_statement(schema, one=True), params).first()
-    return (CHANGED_CONCURRENTLY, []) if row is None else (row.outcome, row.played)
-
-
-def stop_one_by_one(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
-    report_error: Callable[[int, BaseException], None],
-) -> tuple[BatchOutcome, tuple | None]:
-    """The batch read again, each environment stopped in its own transaction; one the database refuses is reported."""
-    with conn.begin():
-        environments = find_batch(conn, schema, now, after, limit)
     batch = BatchOutcome()
-    for env in environments:
-        try:
-            outcome, played = stop_environment(conn, schema, env.id, now)
-        except DBAPIError as e:
-            if e.connection_invalidated:
-                raise
-            report_error(env.id, e)
-            batch.ids[FAILED].append(env.id)
-            batch.errors.append((env.id, str(getattr(e, "orig", e)).strip().splitlines()[0]))
-            continue
-        batch.ids[outcome].append(env.id)
-        batch.stop_actions_started += played
-    return batch, _cursor(environments)
-
-
-def stop_next_batch(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
-    report_error: Callable[[int, BaseException], None],
-) -> tuple[BatchOutcome, tuple | None]:
-    """The next batch in one statement; if the database refuses it (a bad row), environment by environment."""
     try:
-        with conn.begin():
-            rows = conn.execute(stop_statement(schema), _batch_params(now, after, limit)).all()
+        actions = _stop_actions(ci, schema, now, picked, dry_run)
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
-        return stop_one_by_one(conn, schema, now, after, limit, report_error)
-    return _outcome(rows), _cursor(rows)
+        actions = {}
+        for env in list(picked):
+            try:
+                actions.update(_stop_actions(ci, schema, now, [env], dry_run))
+            except DBAPIError as error:
+                _failed(batch, env.id, error, report_error)
+                picked = [p for p in picked if p.id != env.id]
+    plan = {env.id: _planned(env, actions) for env in picked}
+    if dry_run:
+        outcomes = plan
+    else:
+        try:
+            with main.begin_nested():
+                outcomes = _write_states(main, schema, now, plan)
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+            outcomes = {}
+            for env_id, outcome in plan.items():
+                try:
+                    with main.begin_nested():
+                        outcomes.update(_write_states(main, schema, now, {env_id: outcome}))
+                except DBAPIError as error:
+                    _failed(batch, env_id, error, report_error)
+    for env_id, outcome in outcomes.items():
+        batch.ids[outcome].append(env_id)
+    for env_actions in actions.values():
+        batch.stop_actions_started += env_actions.played or []
+    return batch
+
+
+def stop_next_batch(
+    main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int, *,
+    dry_run: bool = False, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
+) -> tuple[BatchOutcome, tuple | None]:
+    """The next batch: picked (and locked) in ``main``, stopped by :func:`stop_picked`, committed; with the cursor
+    after it (None: no more)."""
+    params = {"now": now, "after_at": after[0], "after_id": after[1], "limit": limit}
+    with main.begin():
+        picked = main.execute(pick_statement(schema, lock=not dry_run), params).all()
+        batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, report_error=report_error)
+    return batch, _cursor(picked)
+
+
+def stop_environment(
+    main: Connection, ci: Connection, schema: GitLabSchema, environment_id: int, now: dt.datetime
+) -> tuple[str, list[int]]:
+    """Stop one environment, if still auto-stoppable: its outcome and the stop actions played."""
+    with main.begin():
+        picked = main.execute(pick_statement(schema, one=True), {"environment_id": environment_id, "now": now}).all()
+        batch = stop_picked(main, ci, schema, now, picked)
+    if not picked:
+        return CHANGED_CONCURRENTLY, []
+    [outcome] = [o for o, found in batch.ids.items() if found]
+    return outcome, batch.stop_actions_started
 
 
 def auto_stop_environments(
-    engine: Engine,
+    main: Engine,
+    ci: Engine,
     schema: GitLabSchema,
     *,
     batch_size: int = BATCH_SIZE,
@@ -393,7 +422,8 @@ def auto_stop_environments(
     """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here."""
     result = AutoStopResult()
     started, cursor = clock(), START
-    with engine.connect() as conn:  # one connection for the run, one transaction per batch
+    # One connection to each database for the run; a transaction per batch in each.
+    with main.connect() as main_conn, ci.connect() as ci_conn:
         while True:
             if result.loops >= max_loops:
                 result.limit_reached = "loops"
@@ -401,10 +431,9 @@ def auto_stop_environments(
             if result.loops and clock() - started > max_runtime.total_seconds():
                 result.limit_reached = "time"
                 return result
-            if dry_run:
-                batch, after = preview_batch(conn, schema, now(), cursor, batch_size)
-            else:
-                batch, after = stop_next_batch(conn, schema, now(), cursor, batch_size, report_error)
+            batch, after = stop_next_batch(
+                main_conn, ci_conn, schema, now(), cursor, batch_size, dry_run=dry_run, report_error=report_error
+            )
             if after is None:
                 return result
             cursor = after
