@@ -4,10 +4,18 @@ this module holds what only this layout has: the wrong copy of a table, and PgBo
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+import os
+import random
+import signal
+
 import pytest
 from sqlalchemy import create_engine, text
 
 from ci_cleanup.batches import BY_NAME
+from ci_cleanup.environments_auto_stop import job as auto_stop_job
+from ci_cleanup.environments_auto_stop import service as auto_stop
 from ci_cleanup.gitlab.schema import database_of, gitlab_schema
 
 from .factories import ago, create, naive_ago, row
@@ -188,3 +196,81 @@ def test_a_statement_over_the_timeout_is_cancelled_through_pgbouncer_and_the_run
     assert not result.success
     assert "ran over the statement timeout (1 s) in the GitLab database ci" in message, message
     assert row(dbs, "ci_runner_machines", machine) is not None
+
+
+# --------------------------------------------------------------------------- environments_auto_stop, killed between
+# its two databases' commits: stop actions played and committed in ci, environments not yet written in main.
+
+FORK = multiprocessing.get_context("fork")
+TRIALS = 20
+
+
+def _killed_after_a_ci_commit(deployed, kill_at: int, parents) -> None:
+    """A run of environments_auto_stop (batches of 4) that SIGKILLs itself right after its ``kill_at``-th ci commit."""
+    for engine in parents:
+        engine.dispose(close=False)
+    commits = itertools.count(1)
+    played_in_ci = auto_stop._stop_actions
+
+    def then_die(*args, **kwargs):
+        found = played_in_ci(*args, **kwargs)
+        if next(commits) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return found
+
+    auto_stop._stop_actions = then_die
+    BY_NAME["environments_auto_stop"].job.execute_in_process(
+        resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url()),
+        run_config={"ops": {"find_auto_stoppable_environments": {"config": {"batch_size": 4}}}},
+    )
+
+
+def _review_app(dbs, *, setting: int = 0) -> tuple[int, int]:
+    env_id = create(dbs, "environments", auto_stop_at=ago(hours=1), auto_stop_setting=setting)
+    deploy = create(dbs, "ci_builds", commit_id=900 + env_id, name="deploy", status="success")
+    stop = create(dbs, "ci_builds", commit_id=900 + env_id, name="stop_review", status="manual", queued_at=None)
+    create(dbs, "deployments", environment_id=env_id, deployable_id=deploy, on_stop="stop_review", status=2)
+    return env_id, stop
+
+
+def _state(dbs) -> tuple[dict, dict, list]:
+    """Environments' states, stop builds' (status, lock_version), and the runners' queue."""
+    with dbs.main.connect() as conn:
+        environments = dict(conn.execute(text("SELECT id, state FROM environments")).all())
+    with dbs.ci.connect() as conn:
+        builds = {i: (s, v) for i, s, v in conn.execute(
+            text("SELECT id, status, lock_version FROM p_ci_builds WHERE name = 'stop_review'"))}
+        queue = sorted(conn.scalars(text("SELECT build_id FROM ci_pending_builds")))
+    return environments, builds, queue
+
+
+def test_a_run_killed_between_its_ci_and_main_commits_loses_and_doubles_nothing_20_times(deployed, dbs, redis_client):
+    rng = random.Random(24)
+    for trial in range(TRIALS):
+        reset(dbs, redis_client)
+        apps = [_review_app(dbs) for _ in range(6)]  # stop actions: -> stopping, each action played once
+        plain = [create(dbs, "environments", auto_stop_at=ago(hours=1)) for _ in range(3)]  # always -> stopped
+        kept = [create(dbs, "environments", auto_stop_at=ago(hours=1), auto_stop_setting=1) for _ in range(2)]
+        kill_at = rng.randint(1, 2)  # batches of 4: the review apps are in the first two
+        run = FORK.Process(target=_killed_after_a_ci_commit, args=(deployed, kill_at, [dbs.main, dbs.ci]))
+        run.start()
+        run.join(120)
+        assert run.exitcode == -signal.SIGKILL, (trial, run.exitcode)
+
+        environments, builds, queue = _state(dbs)
+        played = sorted(i for i, (status, _) in builds.items() if status == "pending")
+        # Killed after ci's commit, before main's: the batch's actions played once, its environments not written.
+        assert all(builds[i] in {("manual", 0), ("pending", 1)} for i in builds), (trial, builds)
+        assert queue == played and played, (trial, queue, played)
+        assert {environments[i] for i, _ in apps} | {environments[i] for i in plain} <= {"available", "stopping",
+                                                                                          "stopped"}
+        redis_client.delete(f"gitlab:exclusive_lease:{auto_stop_job.LEASE_KEY}")  # the dead run's lease, expired
+
+        result = run_job(BY_NAME["environments_auto_stop"].job, deployed)
+        assert op_metadata(result, "report_auto_stop")["rows_with_errors"] == 0
+        environments, builds, queue = _state(dbs)
+        assert [environments[i] for i, _ in apps] == ["stopping"] * 6, trial
+        assert [environments[i] for i in plain] == ["stopped"] * 3, trial
+        assert [environments[i] for i in kept] == ["available"] * 2, trial
+        assert builds == {stop: ("pending", 1) for _, stop in apps}, trial  # each played exactly once
+        assert queue == sorted(stop for _, stop in apps), trial  # each queued exactly once
