@@ -224,14 +224,22 @@ def create_decomposed(stack: EmbeddedStack, main: str = GITLAB_DB, ci: str = GIT
 
 
 class PgBouncer:
-    """Debian's ``pgbouncer`` in transaction pooling, as GitLab runs it, in front of a stack's PostgreSQL
-    (tests and benchmark): ``databases`` maps each name clients use to ``(database, pool_size)``. Listens on
-    127.0.0.1 only; stopped by :meth:`stop` (or the ``with`` block)."""
+    """Debian's ``pgbouncer`` in transaction pooling, as GitLab runs it (tests and benchmark): ``databases`` maps
+    each name clients use to ``(server, pool_size)``, ``server`` a libpq fragment (``host=… port=… dbname=…
+    user=…``, no password: the server trusts it). Listens on 127.0.0.1 only, as ``run_as`` when we are root
+    (PgBouncer refuses to run as root); stopped by :meth:`stop` (or the ``with`` block)."""
 
-    def __init__(self, stack: EmbeddedStack, data_dir: Path, databases: dict[str, tuple[str, int]]):
-        self.stack, self.data_dir, self.databases = stack, Path(data_dir), databases
+    def __init__(self, data_dir: Path, databases: dict[str, tuple[str, int]], run_as: str | None = None):
+        self.data_dir, self.databases, self.run_as = Path(data_dir), databases, run_as
         self.port: int | None = None
         self._process: subprocess.Popen | None = None
+
+    @classmethod
+    def of_stack(cls, stack: EmbeddedStack, data_dir: Path, databases: dict[str, tuple[str, int]]) -> PgBouncer:
+        """In front of ``stack``'s PostgreSQL: ``databases`` maps each alias to ``(database, pool_size)``."""
+        servers = {alias: (f"host={stack.socket_dir} dbname={database} user=postgres", size)
+                   for alias, (database, size) in databases.items()}
+        return cls(data_dir, servers, stack.system_user)
 
     def start(self) -> PgBouncer:
         binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -242,9 +250,11 @@ class PgBouncer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        lines = [f"{alias} = host={self.stack.socket_dir} dbname={database} user=postgres pool_size={size}"
-                 for alias, (database, size) in self.databases.items()]
-        (self.data_dir / "users.txt").write_text('"postgres" ""\n')
+        lines = [f"{alias} = {server} pool_size={size}" for alias, (server, size) in self.databases.items()]
+        # auth_type trust still wants each user listed; the server checks them (no password here).
+        users = {part.removeprefix("user=") for server, _ in self.databases.values() for part in server.split()
+                 if part.startswith("user=")}
+        (self.data_dir / "users.txt").write_text("".join(f'"{user}" ""\n' for user in sorted(users)))
         ini = self.data_dir / "pgbouncer.ini"
         ini.write_text("\n".join([
             "[databases]", *lines, "[pgbouncer]", "listen_addr = 127.0.0.1", f"listen_port = {self.port}",
@@ -252,7 +262,7 @@ class PgBouncer:
             "pool_mode = transaction", "max_client_conn = 200", "query_wait_timeout = 60", "",
         ]))
         # PgBouncer refuses to run as root: as root, it runs as the user pgserver runs PostgreSQL as.
-        user = ["-u", self.stack.system_user] if os.geteuid() == 0 else []
+        user = ["-u", self.run_as] if os.geteuid() == 0 and self.run_as else []
         with open(self.data_dir / "pgbouncer.log", "ab") as log:
             self._process = subprocess.Popen([binary, *user, str(ini)], stdout=log, stderr=log,
                                              start_new_session=True)

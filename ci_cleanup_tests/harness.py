@@ -124,7 +124,7 @@ def deployed_stack(embedded: EmbeddedStack, data_dir: Path) -> Iterator[Deployed
     create_decomposed(embedded, DeployedStack.MAIN, DeployedStack.CI)
     pools = {DeployedStack.MAIN: (DeployedStack.MAIN, 2), DeployedStack.CI: (DeployedStack.CI, 2),
              "deployed_main_one": (DeployedStack.MAIN, 1), "deployed_ci_one": (DeployedStack.CI, 1)}
-    with PgBouncer(embedded, data_dir, pools) as bouncer:
+    with PgBouncer.of_stack(embedded, data_dir, pools) as bouncer:
         yield DeployedStack(embedded, bouncer)
 
 

@@ -11,7 +11,12 @@ as before), in an order that alternates from round to round:
   (PostgreSQL storage, the job's own executor), timed from launch to the run's ``RUN_SUCCESS``
   (start-up included); the run record's own start -> end beside it;
 - ``floor``: the raw psycopg2 loop;
-- ``service``: the job's service function in this process (no Dagster), labelled as such.
+- ``service``: the job's service function in this process (no Dagster), labelled as such;
+- ``deployed`` (when Debian's ``pgbouncer`` is installed and the database URL has no password): the same launch
+  with GitLab's two database URLs (``CI_CLEANUP_DATABASE_URL`` and ``CI_CLEANUP_CI_DATABASE_URL``) each through
+  PgBouncer in transaction pooling, as GitLab.com and the reference architectures run. Both aliases reach the
+  bench's one database, so the two layouts run on identical rows: the figure is what the deployed path (two
+  engines, a transaction per database, PgBouncer in between) costs over the direct one.
 
 After each run the changed tables are digested (timestamps the run sets are compared as "recent", and
 ids the database assigns to inserted side rows are left out); every run of every round must leave the
@@ -20,23 +25,27 @@ digests the first floor run left, or the benchmark stops.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import pwd
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 from psycopg2 import sql
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
-from ..devstack import REPO_ROOT
+from ..devstack import REPO_ROOT, PgBouncer
 from ..gitlab import sidekiq_status
 from . import seed
 from .floor import ENVS_MAX_LOOPS, FLOORS, STALE_MAX_DELETIONS, connect
@@ -64,6 +73,8 @@ RUN_CONFIG = {  # YAML, written as JSON
     ),
 }
 CONTENDERS = ("job", "floor", "service")
+DEPLOYED = "deployed"
+DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
 IDLE_RUNS = 3  # launches with nothing to do, per job (the median is the figure)
 
 
@@ -73,7 +84,8 @@ class Launched:
     candidates: int
     rows: int = 0
     batches: int = 0
-    seconds: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "run_record")})
+    seconds: dict[str, list[float]] = field(
+        default_factory=lambda: {c: [] for c in (*CONTENDERS, DEPLOYED, "run_record")})
     idle: list[float] = field(default_factory=list)  # `dagster job execute` with nothing to do, whole process
 
     @property
@@ -82,6 +94,11 @@ class Launched:
 
     def median(self, contender: str) -> float:
         return statistics.median(self.seconds[contender])
+
+    @property
+    def deployed_vs_direct(self) -> float | None:
+        """The launched job through PgBouncer with two database URLs, over the same launch direct (medians)."""
+        return self.median(DEPLOYED) / self.median("job") if self.seconds[DEPLOYED] else None
 
     @property
     def vs_floor(self) -> float:
@@ -249,8 +266,10 @@ def launch(env: dict[str, str], job: str, log_dir: Path, location: tuple[str, st
     return record.end_time - launched, record.end_time - record.start_time, exited - launched, rows
 
 
-def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print) -> Launched:
+def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print,
+              deployed_env: dict[str, str] | None = None) -> Launched:
     figures = Launched(job, n)
+    contenders = (*CONTENDERS, DEPLOYED) if deployed_env else CONTENDERS
     before = add_candidates(engine, client, job, n)
     recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     floor_conn = connect(env["CI_CLEANUP_DATABASE_URL"])
@@ -260,12 +279,14 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
         snapshot(cur, job, before)
         expected = None
         for r in range(rounds):
-            order = CONTENDERS if r % 2 == 0 else tuple(reversed(CONTENDERS))
+            order = contenders if r % 2 == 0 else tuple(reversed(contenders))
             for contender in order:
                 reset(cur, job, before)
                 if contender == "job":
                     seconds, run_s, _, rows = launch(env, job, log_dir)
                     figures.seconds["run_record"].append(run_s)
+                elif contender == DEPLOYED:
+                    seconds, _, _, rows = launch({**env, **deployed_env}, job, log_dir)
                 elif contender == "floor":
                     started = time.perf_counter()
                     rows, figures.batches = FLOORS[job](floor_conn, client)
@@ -302,12 +323,33 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
     with engine.begin() as conn:  # earlier parts of the bench left these; each job's rounds start from its own copy
         conn.execute(text("TRUNCATE " + ", ".join(SIDE_TABLES)))
     results = []
-    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs:
+    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, _bouncer(env, Path(logs), log) as deployed:
         for job in jobs:
-            log(f"{job}: {candidates:,} candidates, {rounds} rounds of job / floor / service")
-            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log))
+            log(f"{job}: {candidates:,} candidates, {rounds} rounds of job / floor / service"
+                f"{' / deployed' if deployed else ''}")
+            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log, deployed))
     engine.dispose()
     return results
+
+
+@contextlib.contextmanager
+def _bouncer(env: dict[str, str], data_dir: Path, log) -> Iterator[dict[str, str] | None]:
+    """PgBouncer in front of the bench database, as GitLab's main and ci aliases: the deployed launch's URLs;
+    None (no deployed contender) without pgbouncer or with a password in the URL."""
+    url = make_url(env["CI_CLEANUP_DATABASE_URL"])
+    if (not shutil.which("pgbouncer") and not os.path.exists("/usr/sbin/pgbouncer")) or url.password:
+        log("No deployed runs: they need Debian's pgbouncer and a database URL without a password")
+        yield None
+        return
+    host = url.query.get("host") or url.host or "localhost"
+    server = f"host={host} port={url.port or 5432} dbname={url.database} user={url.username or 'postgres'}"
+    # As root, PgBouncer runs as the user PostgreSQL runs as: the owner of its socket.
+    sockets = sorted(Path(host).glob(".s.PGSQL.*")) if host.startswith("/") else []
+    run_as = pwd.getpwuid(sockets[0].stat().st_uid).pw_name if sockets else "nobody"
+    databases = {alias: (server, DEPLOYED_POOL) for alias in ("gitlab_main", "gitlab_ci")}
+    with PgBouncer(data_dir / "pgbouncer", databases, run_as) as bouncer:
+        yield {"CI_CLEANUP_DATABASE_URL": bouncer.url("gitlab_main"),
+               "CI_CLEANUP_CI_DATABASE_URL": bouncer.url("gitlab_ci")}
 
 
 def _timestamp(moment: dt.datetime) -> float:

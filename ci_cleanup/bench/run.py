@@ -192,6 +192,35 @@ def launched_table(results: list[launched.Launched]) -> str:
     return "\n".join(lines)
 
 
+def deployed_table(results: list[launched.Launched]) -> str:
+    lines = ["| job | direct s, min / median / max | deployed s, min / median / max | deployed / direct (≤1.1) |",
+             "|---|---|---|---|"]
+    for f in results:
+        lines.append(f"| {f.job} | {_spread(f.seconds['job'])} | {_spread(f.seconds[launched.DEPLOYED])} "
+                     f"| {f.deployed_vs_direct:.2f} |")
+    return "\n".join(lines)
+
+
+def deployed_section(results: list[launched.Launched]) -> str:
+    """BENCHMARKS.md's "GitLab as deployed" section, ending with its figure line; empty when not measured."""
+    measured = [f for f in results if f.deployed_vs_direct is not None]
+    if not measured:
+        return ""
+    return f"""
+## GitLab as deployed: two database URLs through PgBouncer
+
+The same launches as above ("job", direct), alternating in each round with "deployed": `CI_CLEANUP_DATABASE_URL` and
+`CI_CLEANUP_CI_DATABASE_URL` each through Debian's PgBouncer in transaction pooling ({launched.DEPLOYED_POOL}
+server connections per database), as GitLab.com and the reference architectures run. Both aliases reach the
+bench's one database, so both layouts work on identical rows and leave identical digests (asserted): the ratio is
+what the deployed path costs (a connection and a transaction per database, PgBouncer in between), start-up included.
+
+{deployed_table(measured)}
+
+deployed_vs_direct_max={max(f.deployed_vs_direct for f in measured):.2f}
+"""
+
+
 def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
@@ -202,7 +231,7 @@ def _load(values: tuple[float, float, float]) -> str:
 
 
 def write_markdown(path: Path, services: str, jobs: str, *, args, server: str, load: dict, daemon_s: float | None,
-                   bare: list[float], vs_floor_max: float, cli_idle_s: float) -> None:
+                   bare: list[float], vs_floor_max: float, cli_idle_s: float, deployed: str = "") -> None:
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
     now = dt.datetime.now(dt.UTC)
     headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
@@ -243,7 +272,7 @@ one did (digest of the changed tables, asserted).
   {daemon} (target ≤ 6 s).
 
 {jobs}
-
+{deployed}
 ## The services: throughput, batch latency, memory
 
 {args.work:,} candidates per service and per way of doing it ({max(1000, args.work // 10):,} for the per-row loop);
@@ -292,7 +321,7 @@ def main(env: dict[str, str], args) -> None:
     engine.dispose()
     if args.output:
         write_markdown(Path(args.output), services, jobs_table, args=args, server=server, load=load, daemon_s=daemon_s,
-                       bare=bare, vs_floor_max=vs_floor_max, cli_idle_s=cli_idle_s)
+                       bare=bare, vs_floor_max=vs_floor_max, cli_idle_s=cli_idle_s, deployed=deployed_section(results))
         print(f"\nWritten to {args.output}")
     print(f"job_vs_floor_max={vs_floor_max:.2f}")
     print(f"cli_idle_s={cli_idle_s:.2f}")
