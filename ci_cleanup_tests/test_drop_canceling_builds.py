@@ -13,10 +13,11 @@ from ci_cleanup.drop_canceling_builds import service
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY, drop_canceling_builds, drop_canceling_builds_schedule
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.resources import job_resources
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, create, ids, naive_ago, row, updates_refused
-from .harness import gitlab_database
+from .harness import DeployedStack, gitlab_database, on
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -37,6 +38,22 @@ def assert_dropped(engine, build_id: int, *, lock_version: int = 1) -> None:
 
 def assert_untouched(engine, build_id: int, before) -> None:
     assert row(engine, "ci_builds", build_id) == before
+
+
+def in_time_zone(url: str, zone: str) -> str:
+    """``url`` whose every session is in ``zone`` (libpq's ``options`` startup parameter)."""
+    return url + ("&" if "?" in url else "?") + f"options=-c%20timezone%3D{zone.replace('/', '%2F')}"
+
+
+def run_in_time_zone(job, stack, zone: str):
+    """``job`` with every session of its GitLab database(s) in ``zone``. Deployed: straight to main and ci, as
+    PgBouncer refuses the ``options`` startup parameter (and would hand a session's setting to other clients)."""
+    if isinstance(stack, DeployedStack):
+        main, ci = in_time_zone(stack.direct_url(stack.MAIN), zone), in_time_zone(stack.direct_url(stack.CI), zone)
+    else:
+        main, ci = in_time_zone(stack.url(), zone), None
+    return job.execute_in_process(resources=job_resources(main, stack.redis_url, ci_database_url=ci),
+                                  instance=DagsterInstance.ephemeral())
 
 
 def test_outdated_canceling_build_is_dropped(stack, engine, redis_client):
@@ -97,7 +114,7 @@ def test_bridge_is_kept(stack, engine, redis_client):
 
 
 def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_client):
-    with engine.begin() as conn:
+    with on(engine, "ci_builds").begin() as conn:
         conn.execute(
             S.ci_builds.insert(),
             [dict(project_id=i % 7, type="Ci::Build", status="canceling", lock_version=0, partition_id=100,
@@ -140,7 +157,7 @@ def test_batches_follow_the_seeds_order(stack, engine, redis_client):
     late = create(engine, "ci_builds", project_id=1, created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
     early_project_2 = create(engine, "ci_builds", project_id=2, created_at=same_moment, updated_at=naive_ago(hours=2))
     early_project_1 = create(engine, "ci_builds", project_id=1, created_at=same_moment, updated_at=naive_ago(hours=2))
-    with engine.connect() as conn:
+    with on(engine, "ci_builds").connect() as conn:
         batch = service.find_batch(conn, S, utc_now() - service.TIMEOUT, 100, set())
     assert [b.id for b in batch] == [early_project_1, early_project_2, late]
 
@@ -181,9 +198,9 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
     touched = outdated(engine)
     retried = outdated(engine)
     cutoff = utc_now() - service.TIMEOUT
-    with engine.connect() as conn:
+    with on(engine, "ci_builds").connect() as conn:
         read = service.find_batch(conn, S, cutoff, 100, set())
-    with engine.begin() as conn:  # another process, after we read the batch
+    with on(engine, "ci_builds").begin() as conn:  # another process, after we read the batch
         b = S.ci_builds.c
         conn.execute(
             update(S.ci_builds).where(b.id == canceled).values(status="canceled", lock_version=b.lock_version + 1))
@@ -192,7 +209,7 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
         conn.execute(update(S.ci_builds).where(b.id == retried).values(runner_id=99, lock_version=b.lock_version + 1))
     canceled_row, touched_row = row(engine, "ci_builds", canceled), row(engine, "ci_builds", touched)
 
-    outcome = service.drop_builds(engine, S, read, cutoff, utc_now())
+    outcome = service.drop_builds(on(engine, "ci_builds"), S, read, cutoff, utc_now())
 
     assert_untouched(engine, canceled, canceled_row)
     assert_untouched(engine, touched, touched_row)
@@ -226,8 +243,7 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
     dropped = create(engine, "ci_builds", created_at=naive_ago(minutes=70), updated_at=naive_ago(minutes=70))
     before = row(engine, "ci_builds", kept)
 
-    run_job(drop_canceling_builds, stack,
-            database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+    run_in_time_zone(drop_canceling_builds, stack, zone)
 
     assert_untouched(engine, kept, before)
     assert_dropped(engine, dropped)

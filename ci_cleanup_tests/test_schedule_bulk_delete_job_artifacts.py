@@ -35,7 +35,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import clean_env, gitlab_database
+from .harness import DeployedStack, clean_env, gitlab_database, on
 from .runner import op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -71,8 +71,27 @@ def redis_state(client) -> tuple[set[int], dict[int, float]]:
 
 def deleted_objects(engine) -> list:
     d = S.ci_deleted_objects
-    with engine.connect() as conn:
+    with on(engine, "ci_deleted_objects").connect() as conn:
         return conn.execute(select(d).order_by(d.c.id)).all()
+
+
+def ci_url(stack) -> str:
+    """What a job is given for the artifacts' database: ci when GitLab is decomposed, else the one database."""
+    return stack.ci_url() or stack.url()
+
+
+def direct_ci_url(stack) -> str:
+    """The artifacts' database, never through PgBouncer."""
+    return stack.direct_url(stack.CI) if isinstance(stack, DeployedStack) else stack.url()
+
+
+def direct_database_env(stack) -> dict[str, str]:
+    """The GitLab database variables of a job's process, never through PgBouncer: main's, and ci's when GitLab is
+    decomposed."""
+    if isinstance(stack, DeployedStack):
+        return {"CI_CLEANUP_DATABASE_URL": stack.direct_url(stack.MAIN),
+                "CI_CLEANUP_CI_DATABASE_URL": stack.direct_url(stack.CI)}
+    return {"CI_CLEANUP_DATABASE_URL": stack.url()}
 
 
 def worker_metadata(result) -> list[dict]:
@@ -256,7 +275,7 @@ def test_deleted_object_sql_matches_the_python_rule(engine):
     made = [create(engine, "ci_job_artifacts", project_id=case.pop("project_id", 42), job_id=58, **case)
             for case in _rule_cases(expire_at)]
     a = S.ci_job_artifacts
-    with engine.connect() as conn:
+    with on(engine, "ci_job_artifacts").connect() as conn:
         conn.execute(text(f"SET TIME ZONE '{SESSION_TIME_ZONE}'"))
         artifacts = {r.id: r for r in conn.execute(select(a))}
         in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id),
@@ -275,10 +294,11 @@ def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_
     made = [artifact(engine, project_id=case.pop("project_id", 10), **case) for case in _rule_cases(EXPIRE_AT)]
     redis_client.sadd(AVAILABLE_KEY, "0")
     a = S.ci_job_artifacts
-    with engine.connect() as conn:
+    with on(engine, "ci_job_artifacts").connect() as conn:
         before = conn.execute(select(a).order_by(a.c.id)).all()
     expected = [o for o in (expected_deleted_object(r, RULE_NOW) for r in before) if o is not None]
-    in_los_angeles = create_engine(stack.url(), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
+    # Straight to the artifacts' database: PgBouncer refuses the ``options`` startup parameter.
+    in_los_angeles = create_engine(direct_ci_url(stack), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
     try:
         result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW)
     finally:
@@ -425,7 +445,8 @@ def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engin
         with engine.begin() as conn:
             conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.HIGH_CONCURRENCY_FLAG))
 
-    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, on_batch=scale_down)
+    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2,
+                                       on_batch=scale_down)
 
     assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches) == (7, 2, 1)
     assert result.terminated_early_due_to_scale_down and not result.artifacts_empty and not result.released
@@ -443,7 +464,8 @@ def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_mo
         with engine.begin() as conn:
             conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.FEATURE_FLAG))
 
-    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, on_batch=turn_off)
+    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2,
+                                       on_batch=turn_off)
 
     assert (result.destroyed_job_artifacts_count, result.batches, result.stopped_by_feature_flag) == (2, 1, True)
     assert not result.terminated_early_due_to_scale_down and not result.artifacts_empty and result.released
@@ -456,7 +478,7 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 8)]
     redis_client.sadd(AVAILABLE_KEY, "0")
 
-    result = service.run_bucket_worker(engine, redis_client, S, batch_size=2, max_batches=3)
+    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, max_batches=3)
 
     assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (
         6, 3, False, True)
@@ -473,7 +495,8 @@ def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack,
     stop = threading.Event()
 
     result = service.run_bucket_worker(
-        engine, redis_client, S, batch_size=2, on_batch=lambda bucket, batch: stop.set(), stop=stop
+        on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, on_batch=lambda bucket, batch: stop.set(),
+        stop=stop,
     )
 
     assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches, result.deleted_objects) == (
@@ -484,7 +507,7 @@ def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack,
     assert len(deleted_objects(engine)) == 2
     assert redis_state(redis_client) == ({0}, {})
 
-    already = service.run_bucket_worker(engine, redis_client, S, batch_size=2, stop=stop)
+    already = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, stop=stop)
 
     assert (already.mod_bucket, already.batches, already.stopped, already.released) == (0, 0, True, True)
     assert ids(engine, "ci_job_artifacts") == created[2:] and len(deleted_objects(engine)) == 2
@@ -513,7 +536,7 @@ def test_claim_takes_one_bucket_atomically_into_occupied(redis_client):
 def test_6000_artifacts_over_many_projects_are_all_deleted_in_one_run(stack, engine, redis_client):
     enable(engine, service.FEATURE_FLAG)
     expired = ago(days=2)
-    with engine.begin() as conn:
+    with on(engine, "ci_job_artifacts").begin() as conn:
         conn.execute(
             insert(S.ci_job_artifacts),
             [dict(partition_id=100 + i % 3, project_id=1 + i % 397, job_id=10_000 + i // 3, file_type=1 + i % 2,
@@ -573,8 +596,8 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
     enable(engine, service.FEATURE_FLAG)
     created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
     redis_client.sadd(AVAILABLE_KEY, "0")
-    with held_batches(engine, 4004) as blocker:
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, stack.url(), stack.redis_url],
+    with held_batches(on(engine, "ci_deleted_objects"), 4004) as blocker:
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, ci_url(stack), stack.redis_url],
                                   cwd=os.getcwd())
         try:
             backend = None
@@ -588,7 +611,7 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
                 time.sleep(0.05)
             assert backend is not None, "the worker never reached the end of its batch statement"
             # the batch did delete: its 100 rows are held by its open transaction
-            with engine.connect() as conn:
+            with on(engine, "ci_job_artifacts").connect() as conn:
                 a = S.ci_job_artifacts
                 free = conn.scalars(
                     select(a.c.id).where(a.c.id.in_(created)).with_for_update(skip_locked=True)).all()
@@ -631,7 +654,7 @@ def test_a_failing_worker_keeps_its_bucket_the_others_finish_and_the_run_fails_n
             artifact(engine, bucket=b, project_id=p)
     # Bucket 2's batch statement fails (the artifact of project 7 cannot be recorded); the others take 4 batches
     # each, so a worker stopped by the failure would leave rows behind.
-    with engine.begin() as conn:
+    with on(engine, "ci_deleted_objects").begin() as conn:
         conn.execute(text(
             "CREATE FUNCTION refuse_project_7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             "IF NEW.project_id = 7 THEN RAISE EXCEPTION 'refused for project 7'; END IF; RETURN NEW; END $$"
@@ -647,7 +670,7 @@ def test_a_failing_worker_keeps_its_bucket_the_others_finish_and_the_run_fails_n
             run_config={"ops": {"schedule_buckets": {"config": {"batch_size": 1}}}},
         )
     finally:
-        with engine.begin() as conn:
+        with on(engine, "ci_deleted_objects").begin() as conn:
             conn.execute(text("DROP TRIGGER IF EXISTS refuse_project_7 ON ci_deleted_objects"))
             conn.execute(text("DROP FUNCTION IF EXISTS refuse_project_7()"))
 
@@ -682,11 +705,13 @@ def test_a_terminated_run_stops_its_workers_between_batches_and_gives_the_bucket
     created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     log = tmp_path / "run.log"
-    with held_batches(engine, 4005) as blocker, log.open("w") as out:
+    with held_batches(on(engine, "ci_deleted_objects"), 4005) as blocker, log.open("w") as out:
+        # Direct connections: the five workers are inside their batches at once, which the deployed PgBouncer's pool
+        # of two server connections per database would not let them be (three would wait in its queue, not in a batch).
         run = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "dagster"), "job", "execute", "-m", "ci_cleanup",
              "-j", "schedule_bulk_delete_job_artifacts"],
-            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
+            env=clean_env(**direct_database_env(stack), CI_CLEANUP_REDIS_URL=stack.redis_url,
                           DAGSTER_HOME=str(tmp_path)),
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
         )
@@ -877,7 +902,7 @@ def test_files_job_takes_the_root_from_the_environment(stack, engine, redis_clie
 
 
 def test_files_job_drains_more_than_one_batch(stack, engine, redis_client, tmp_path, no_root_env):
-    with engine.begin() as conn:
+    with on(engine, "ci_deleted_objects").begin() as conn:
         conn.execute(insert(S.ci_deleted_objects), [
             dict(file_store=1, store_dir=f"aa/bb/{i}", file="a.zip", project_id=1, pick_up_at=ago(hours=1, seconds=i))
             for i in range(250)

@@ -11,6 +11,7 @@ from dagster import DagsterInstance
 from sqlalchemy import insert, text
 
 from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.resources import job_resources
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.stale_runner_machines_cleanup import service
 from ci_cleanup.stale_runner_machines_cleanup.job import (
@@ -19,7 +20,7 @@ from ci_cleanup.stale_runner_machines_cleanup.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import gitlab_database
+from .harness import DeployedStack, gitlab_database, on
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -30,7 +31,7 @@ REPORT = "report_stale_runner_machines_cleanup"
 
 
 def machines(engine, count: int, *, created_at: dt.datetime, contacted_at: dt.datetime | None = None) -> None:
-    with engine.begin() as conn:
+    with on(engine, "ci_runner_machines").begin() as conn:
         conn.execute(
             insert(S.ci_runner_machines),
             [dict(runner_id=1 + i % 5, system_xid=f"xid-{i}", runner_type=1, created_at=created_at,
@@ -48,6 +49,22 @@ def run_config(**config) -> dict:
 
 def observed_deletes(result) -> list[int]:
     return observed_per_batch(result, "deleted")
+
+
+def in_time_zone(url: str, zone: str) -> str:
+    """``url`` whose every session is in ``zone`` (libpq's ``options`` startup parameter)."""
+    return url + ("&" if "?" in url else "?") + f"options=-c%20timezone%3D{zone.replace('/', '%2F')}"
+
+
+def run_in_time_zone(job, stack, zone: str):
+    """``job`` with every session of its GitLab database(s) in ``zone``. Deployed: straight to main and ci, as
+    PgBouncer refuses the ``options`` startup parameter (and would hand a session's setting to other clients)."""
+    if isinstance(stack, DeployedStack):
+        main, ci = in_time_zone(stack.direct_url(stack.MAIN), zone), in_time_zone(stack.direct_url(stack.CI), zone)
+    else:
+        main, ci = in_time_zone(stack.url(), zone), None
+    return job.execute_in_process(resources=job_resources(main, stack.redis_url, ci_database_url=ci),
+                                  instance=DagsterInstance.ephemeral())
 
 
 @pytest.mark.parametrize(
@@ -70,7 +87,7 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
                      contacted_at=contacted_at)
     fresh = create(engine, "ci_runner_machines", created_at=NOW, updated_at=NOW, contacted_at=NOW)
 
-    result = service.delete_stale_runner_managers(engine, S, now=NOW)
+    result = service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, now=NOW)
 
     assert ids(engine, "ci_runner_machines") == ([fresh] if deleted else [machine, fresh])
     assert (result.total_deleted, result.batch_counts) == ((1, [1, 0]) if deleted else (0, [0]))
@@ -79,7 +96,7 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
 def test_now_in_another_zone_is_the_same_moment(engine):
     machine = create(engine, "ci_runner_machines", created_at=NOW - WEEK, updated_at=NOW - WEEK)
     tokyo = NOW.astimezone(dt.timezone(dt.timedelta(hours=9)))
-    assert service.delete_stale_runner_managers(engine, S, now=tokyo).total_deleted == 1
+    assert service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, now=tokyo).total_deleted == 1
     assert row(engine, "ci_runner_machines", machine) is None
 
 
@@ -140,7 +157,8 @@ def test_max_deletions_leaves_the_rest_for_the_next_run(stack, engine, redis_cli
 
 def test_last_sub_batch_does_not_overshoot_the_cap(engine):
     stale_machines(engine, 30)
-    result = service.delete_stale_runner_managers(engine, S, now=utc_now(), sub_batch_limit=7, max_deletions=25)
+    result = service.delete_stale_runner_managers(
+        on(engine, "ci_runner_machines"), S, now=utc_now(), sub_batch_limit=7, max_deletions=25)
     assert (result.total_deleted, result.batch_counts, result.max_deletions_reached) == (25, [7, 7, 7, 4], True)
     assert len(ids(engine, "ci_runner_machines")) == 5
 
@@ -210,7 +228,7 @@ def test_two_runs_at_once_delete_each_row_once_with_honest_counts(engine):
         try:
             start.wait()
             results[i] = service.delete_stale_runner_managers(
-                engine, S, now=utc_now(), sub_batch_limit=20, on_sub_batch=deleted[i].extend
+                on(engine, "ci_runner_machines"), S, now=utc_now(), sub_batch_limit=20, on_sub_batch=deleted[i].extend
             )
         except BaseException as e:  # noqa: BLE001 - surfaced below
             errors.append(e)
@@ -235,8 +253,7 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
                   updated_at=ago(days=7))
     deleted = create(engine, "ci_runner_machines", created_at=ago(days=7, minutes=2), updated_at=ago(days=7))
 
-    run_job(stale_runner_machines_cleanup, stack,
-            database_url=stack.url() + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}")
+    run_in_time_zone(stale_runner_machines_cleanup, stack, zone)
 
     assert ids(engine, "ci_runner_machines") == [kept]
     assert row(engine, "ci_runner_machines", deleted) is None

@@ -47,7 +47,7 @@ def assert_failed(engine, job_id: int) -> None:
 
 def run_with_redis(stack, redis_url: str, queues_url: str | None = None, **kwargs):
     return stuck_export_jobs.execute_in_process(
-        resources=job_resources(stack.url(), redis_url, queues_url=queues_url),
+        resources=job_resources(stack.url(), redis_url, ci_database_url=stack.ci_url(), queues_url=queues_url),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=False,
         **kwargs,
