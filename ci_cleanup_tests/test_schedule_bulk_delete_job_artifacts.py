@@ -44,6 +44,12 @@ REPORT = "report_bulk_delete"
 WORKERS = "run_bucket_workers"
 
 
+def run_worker(engine, redis_client, **options) -> service.WorkerResult:
+    """A bucket worker deleting in the artifacts' database, reading GitLab's flags in theirs."""
+    return service.run_bucket_worker(
+        on(engine, "ci_job_artifacts"), redis_client, S, flags_engine=on(engine, "feature_gates"), **options)
+
+
 def enable(engine, *flags: str) -> None:
     for flag in flags:
         create(engine, "feature_gates", feature_key=flag)
@@ -300,7 +306,8 @@ def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_
     # Straight to the artifacts' database: PgBouncer refuses the ``options`` startup parameter.
     in_los_angeles = create_engine(direct_ci_url(stack), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
     try:
-        result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW)
+        result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW,
+                                           flags_engine=on(engine, "feature_gates"))
     finally:
         in_los_angeles.dispose()
     assert ids(engine, "ci_job_artifacts") == [] and len(made) == len(before)
@@ -445,7 +452,7 @@ def test_worker_notices_a_scale_down_mid_run_and_retires_its_bucket(stack, engin
         with engine.begin() as conn:
             conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.HIGH_CONCURRENCY_FLAG))
 
-    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2,
+    result = run_worker(engine, redis_client, batch_size=2,
                                        on_batch=scale_down)
 
     assert (result.mod_bucket, result.destroyed_job_artifacts_count, result.batches) == (7, 2, 1)
@@ -464,7 +471,7 @@ def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_mo
         with engine.begin() as conn:
             conn.execute(delete(S.feature_gates).where(S.feature_gates.c.feature_key == service.FEATURE_FLAG))
 
-    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2,
+    result = run_worker(engine, redis_client, batch_size=2,
                                        on_batch=turn_off)
 
     assert (result.destroyed_job_artifacts_count, result.batches, result.stopped_by_feature_flag) == (2, 1, True)
@@ -478,7 +485,7 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 8)]
     redis_client.sadd(AVAILABLE_KEY, "0")
 
-    result = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, max_batches=3)
+    result = run_worker(engine, redis_client, batch_size=2, max_batches=3)
 
     assert (result.destroyed_job_artifacts_count, result.batches, result.artifacts_empty, result.released) == (
         6, 3, False, True)
@@ -494,8 +501,7 @@ def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack,
     redis_client.sadd(AVAILABLE_KEY, "0")
     stop = threading.Event()
 
-    result = service.run_bucket_worker(
-        on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, on_batch=lambda bucket, batch: stop.set(),
+    result = run_worker(engine, redis_client, batch_size=2, on_batch=lambda bucket, batch: stop.set(),
         stop=stop,
     )
 
@@ -507,7 +513,7 @@ def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack,
     assert len(deleted_objects(engine)) == 2
     assert redis_state(redis_client) == ({0}, {})
 
-    already = service.run_bucket_worker(on(engine, "ci_job_artifacts"), redis_client, S, batch_size=2, stop=stop)
+    already = run_worker(engine, redis_client, batch_size=2, stop=stop)
 
     assert (already.mod_bucket, already.batches, already.stopped, already.released) == (0, 0, True, True)
     assert ids(engine, "ci_job_artifacts") == created[2:] and len(deleted_objects(engine)) == 2
@@ -564,7 +570,8 @@ from sqlalchemy import create_engine
 from ci_cleanup.gitlab.schema import gitlab_schema
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import STOPPING
-service.run_bucket_worker(create_engine(sys.argv[1]), redis.Redis.from_url(sys.argv[2]), gitlab_schema())
+service.run_bucket_worker(create_engine(sys.argv[1]), redis.Redis.from_url(sys.argv[2]), gitlab_schema(),
+                          flags_engine=create_engine(sys.argv[3]))
 """
 
 
@@ -597,7 +604,7 @@ def test_worker_killed_mid_batch_leaves_no_partial_batch_and_keeps_its_bucket(st
     created = [artifact(engine, bucket=0, project_id=5 * p) for p in range(1, 151)]
     redis_client.sadd(AVAILABLE_KEY, "0")
     with held_batches(on(engine, "ci_deleted_objects"), 4004) as blocker:
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, ci_url(stack), stack.redis_url],
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, ci_url(stack), stack.redis_url, stack.url()],
                                   cwd=os.getcwd())
         try:
             backend = None

@@ -152,12 +152,12 @@ def run_bucket_workers(
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
     stop = threading.Event()
 
-    def work(engine: Engine, bucket: int) -> None:
+    def work(engine: Engine, flags_engine: Engine, bucket: int) -> None:
         try:
             handed_over.put((bucket, service.run_bucket_worker(
                 engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
                 max_runtime=max_runtime, on_batch=lambda claimed, batch: handed_over.put((claimed, batch)),
-                stop=stop,
+                stop=stop, flags_engine=flags_engine,
             )))
         except BaseException as error:  # the op's thread logs it, and fails once every worker is done
             handed_over.put((bucket, error))
@@ -179,11 +179,13 @@ def run_bucket_workers(
     # Each worker holds one connection for its whole run, so the op needs max_buckets of them at once (5, or 10
     # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
     # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
-    dedicated = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
-    with observer, dedicated as engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
+    # Each worker reads GitLab's flags in main (feature_gates) and deletes in ci: a connection to each.
+    artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
+    flags = gitlab_db.dedicated_engine(schema.feature_gates, workers)
+    with observer, artifacts as engine, flags as flags_engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
         try:
             for bucket in range(workers):
-                pool.submit(work, engine, bucket)
+                pool.submit(work, engine, flags_engine, bucket)
             while len(ended) < workers:
                 take(*handed_over.get())
         except BaseException:  # the run is terminated (Dagster interrupts this thread)

@@ -8,6 +8,7 @@ stored files in ``ci_deleted_objects`` (GitLab's ``Ci::DeletedObject.bulk_import
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import threading
@@ -164,7 +165,6 @@ def pick_up_at_bounds(now: dt.datetime) -> dict:
 
 @dataclass
 class DeletedBatch:
-    flags: Flags  # as the batch read them: nothing was deleted if they stop the worker
     ids: list[int]
     size: int  # bytes freed, the sum of the artifacts' ``size``
     deleted_objects: int
@@ -200,24 +200,21 @@ def expired_batch_query(
 
 @functools.lru_cache(maxsize=8)
 def batch_statement(schema: GitLabSchema) -> Select:
-    """A whole batch in one statement, built once: read the flags, delete, record the files, report.
+    """A whole batch in one statement, built once: delete, record the files, report.
 
-    ``WITH flags AS (…), deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE
-    SKIP LOCKED>)) RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted)
-    SELECT enabled, max_buckets, <the last (expire_at, id) deleted>, ids, size, deleted_objects``. The
-    candidates are gated on the flags read by the same statement (feature on, bucket below max_buckets;
-    else nothing is read or deleted), so the worker stops on a flag change exactly as when it read them
-    first. Bound per batch: bucket, now, limit, the worker's cursor (after_expire_at, after_id), and the
-    pick_up_at bounds.
+    ``WITH deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE SKIP LOCKED>))
+    RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted) SELECT <the last
+    (expire_at, id) deleted>, ids, size, deleted_objects``. Bound per batch: bucket, now, limit, the worker's
+    cursor (after_expire_at, after_id), the pick_up_at bounds, and ``max_buckets`` as the flags say it
+    (GitLab's flags are in the main database, the artifacts in ci: read just before, by :func:`read_flags`).
     """
     a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
-    flags = flags_query(schema).cte("flags")
     bucket = bindparam("bucket", type_=Integer)
-    max_buckets = select(flags.c.max_buckets).scalar_subquery()
     after = (bindparam("after_expire_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
     picked = expired_batch_query(
-        schema, bucket, max_buckets, bindparam("now", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer), after
-    ).where(select(flags.c.enabled).scalar_subquery(), bucket < max_buckets)
+        schema, bucket, bindparam("max_buckets", type_=Integer), bindparam("now", type_=TIMESTAMPTZ),
+        bindparam("limit", type_=Integer), after,
+    )
     deleted = (
         delete(a).where(a.c.id == any_(func.array(picked.scalar_subquery())))
         .returning(
@@ -237,8 +234,6 @@ def batch_statement(schema: GitLabSchema) -> Select:
         .order_by(deleted.c.expire_at.desc(), deleted.c.id.desc()).limit(1).subquery()
     )
     return select(
-        flags.c.enabled,
-        flags.c.max_buckets,
         select(cast(last.c.expire_at, Text)).scalar_subquery().label("last_expire_at"),
         select(last.c.id).scalar_subquery().label("last_id"),
         select(func.array_agg(aggregate_order_by(deleted.c.id, deleted.c.id))).scalar_subquery().label("ids"),
@@ -248,7 +243,8 @@ def batch_statement(schema: GitLabSchema) -> Select:
 
 
 def delete_batch(
-    conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: tuple = START
+    conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: tuple = START,
+    max_buckets: int = MAX_BUCKETS,
 ) -> DeletedBatch:
     """One statement: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
 
@@ -258,11 +254,10 @@ def delete_batch(
     """
     params = {
         "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
-        **pick_up_at_bounds(now),
+        "max_buckets": max_buckets, **pick_up_at_bounds(now),
     }
     found = conn.execute(batch_statement(schema), params).one()
     return DeletedBatch(
-        flags=Flags(enabled=found.enabled, max_buckets=found.max_buckets),
         ids=found.ids or [], size=found.size, deleted_objects=found.deleted_objects,
         last=(found.last_expire_at, found.last_id) if found.ids else after,
     )
@@ -296,15 +291,17 @@ def run_bucket_worker(
     on_batch: Callable[[int, DeletedBatch], None] = lambda bucket, batch: None,
     now: Callable[[], dt.datetime] = utc_now,
     stop: threading.Event | None = None,
+    flags_engine: Engine | None = None,
 ) -> WorkerResult:
     """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches``
     batches or ``max_runtime``, or until ``stop`` is set, release it.
 
-    Each batch's statement reads the flags again: the worker stops early, that batch deleting nothing,
-    when its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each
-    batch starts after the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`).
-    There is no ``finally`` release: a worker that crashes keeps its bucket occupied until stale recovery,
-    as GitLab's does, so a bucket is never handed out while a dead worker's transaction may linger.
+    The flags are read again before each batch, from ``flags_engine`` (GitLab's main database, where
+    ``feature_gates`` is; ``engine``'s own database when not given): the worker stops early when its bucket is
+    no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each batch starts after the
+    last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no ``finally``
+    release: a worker that crashes keeps its bucket occupied until stale recovery, as GitLab's does, so a
+    bucket is never handed out while a dead worker's transaction may linger.
     """
     result = WorkerResult()
     bucket = artifact_buckets.claim(client, now(), bucket)
@@ -312,27 +309,27 @@ def run_bucket_worker(
         return result
     result.mod_bucket = bucket
     started, after = time.monotonic(), START
-    # One connection per worker, in autocommit: every statement here is one batch or one read, and a single
-    # statement is its own transaction (all or nothing), so BEGIN and COMMIT around it would only add two round
-    # trips (about a quarter of a worker's time at 100 k candidates).
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    # One connection per worker (and one to main for the flags), in autocommit: every statement here is one
+    # batch or one read, and a single statement is its own transaction (all or nothing), so BEGIN and COMMIT
+    # around it would only add two round trips (about a quarter of a worker's time at 100 k candidates).
+    autocommit = {"isolation_level": "AUTOCOMMIT"}
+    with contextlib.ExitStack() as connections:
+        conn = connections.enter_context(engine.connect().execution_options(**autocommit))
+        flags_conn = conn if flags_engine is None else connections.enter_context(
+            flags_engine.connect().execution_options(**autocommit))
         while True:
-            result.stopped = stop is not None and stop.is_set()
-            out_of_time = time.monotonic() - started >= max_runtime.total_seconds()
-            if result.stopped or result.batches >= max_batches or out_of_time:
-                # No batch left to run: the flags alone, for the stop reason and the release.
-                flags = read_flags(conn, schema)
-                result.terminated_early_due_to_scale_down = bucket >= flags.max_buckets
-                result.stopped_by_feature_flag = not result.terminated_early_due_to_scale_down and not flags.enabled
-                break
-            batch = delete_batch(conn, schema, bucket, now(), batch_size, after)
-            flags = batch.flags
+            flags = read_flags(flags_conn, schema)
             if bucket >= flags.max_buckets:
                 result.terminated_early_due_to_scale_down = True
                 break
             if not flags.enabled:
                 result.stopped_by_feature_flag = True
                 break
+            result.stopped = stop is not None and stop.is_set()
+            out_of_time = time.monotonic() - started >= max_runtime.total_seconds()
+            if result.stopped or result.batches >= max_batches or out_of_time:
+                break
+            batch = delete_batch(conn, schema, bucket, now(), batch_size, after, flags.max_buckets)
             result.batches, after = result.batches + 1, batch.last
             result.destroyed_job_artifacts_count += len(batch.ids)
             result.size += batch.size
