@@ -71,7 +71,11 @@ STOPPING = "stopping"  # stop actions found (and the manual ones played)
 LEFT_UNTOUCHED = "left_untouched"  # no stop actions, auto_stop_setting with_action
 CHANGED_CONCURRENTLY = "changed_concurrently"  # no longer auto-stoppable when we came to write
 FAILED = "failed"
-OUTCOMES = (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED)
+# Stop actions found, but not played and left available: the database lacks GitLab's unique index on
+# ci_pending_builds (build_id), which queueing them needs (``play_stop_actions=False``); the run fails naming it.
+NOT_PLAYED = "not_played"
+OUTCOMES = (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED, NOT_PLAYED)
+PENDING_BUILDS_INDEX = "index_ci_pending_builds_on_build_id"  # GitLab's unique index the queue's upsert relies on
 
 
 @dataclass
@@ -187,8 +191,8 @@ def stop_actions_query(schema: GitLabSchema, environments: FromClause) -> Select
     )
 
 
-@functools.lru_cache(maxsize=8)
-def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = False) -> Select:
+@functools.lru_cache(maxsize=16)
+def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = False, play: bool = True) -> Select:
     """Pick environments and stop them as ``stop_with_actions!`` does, in one statement.
 
     One row per environment picked, in cursor order: ``id``, ``cursor_at``, ``outcome`` and
@@ -206,7 +210,9 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
       re-checked the same way, and ``queued``: those joining the runners' queue (``ci_pending_builds``).
 
     ``dry_run``: ``batch``, ``actions`` and ``planned`` alone, writing nothing; ``played`` is then what
-    would be played. Built once; bound per batch: ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``,
+    would be played. ``play=False`` (no unique index for ``queued``'s ``ON CONFLICT``): an environment with
+    stop actions is planned ``not_played`` and left as it is, and the statement has no ``queued``.
+    Built once; bound per batch: ``:now`` (aware, for ``auto_stop_at``), ``:naive_now``,
     and the cursor and ``:limit`` (or ``:environment_id``).
     """
     e = schema.environments
@@ -225,8 +231,10 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
         batch.c.id,
         batch.c.auto_stop_at,
         batch.c.cursor_at,
-        case((has_actions, STOPPING), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED), else_=LEFT_UNTOUCHED)
-        .label("outcome"),
+        case(
+            (has_actions, STOPPING if play else NOT_PLAYED), (batch.c.auto_stop_setting == AUTO_STOP_ALWAYS, STOPPED),
+            else_=LEFT_UNTOUCHED,
+        ).label("outcome"),
     ).cte("planned")
     if dry_run:
         would_play = select(actions.c.id).where(
@@ -236,14 +244,14 @@ def stop_statement(schema: GitLabSchema, *, one: bool = False, dry_run: bool = F
         return select(planned.c.id, planned.c.cursor_at, planned.c.outcome, would_be_played).order_by(
             planned.c.auto_stop_at, planned.c.id
         )
-    return _stopped_and_played(schema, now, planned, actions)
+    return _stopped_and_played(schema, now, planned, actions, play)
 
 
 def _ids_array(query: Select, id_column) -> ColumnElement:
     return func.array(query.order_by(id_column).scalar_subquery(), type_=ARRAY(BigInteger))
 
 
-def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
+def _stopped_and_played(schema: GitLabSchema, now, planned, actions, play: bool) -> Select:
     """The writing half of :func:`stop_statement`: what ``planned`` says, done, and each environment's outcome."""
     e, b, pending = schema.environments, schema.ci_builds, schema.ci_pending_builds
     naive_now = bindparam("naive_now", type_=TIMESTAMP)
@@ -283,8 +291,10 @@ def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
     played_for = select(played.c.id).join(actions, actions.c.id == played.c.id).where(
         actions.c.environment_id == planned.c.id
     )
-    done = or_(planned.c.outcome == LEFT_UNTOUCHED, stopping.c.id.is_not(None), stopped.c.id.is_not(None))
-    return (
+    done = or_(
+        planned.c.outcome.in_([LEFT_UNTOUCHED, NOT_PLAYED]), stopping.c.id.is_not(None), stopped.c.id.is_not(None)
+    )
+    statement = (
         select(
             planned.c.id, planned.c.cursor_at,
             case((done, planned.c.outcome), else_=CHANGED_CONCURRENTLY).label("outcome"),
@@ -293,9 +303,9 @@ def _stopped_and_played(schema: GitLabSchema, now, planned, actions) -> Select:
         .select_from(
             planned.outerjoin(stopping, stopping.c.id == planned.c.id).outerjoin(stopped, stopped.c.id == planned.c.id)
         )
-        .add_cte(queued)
         .order_by(planned.c.auto_stop_at, planned.c.id)
     )
+    return statement.add_cte(queued) if play else statement
 
 
 def _batch_params(now: dt.datetime, after: tuple, limit: int) -> dict:
@@ -317,16 +327,16 @@ def _cursor(rows) -> tuple | None:
 
 
 def preview_batch(
-    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int
+    conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int, play: bool = True
 ) -> tuple[BatchOutcome, tuple | None]:
     """Dry run: what the next batch would do, read only; with the cursor after it (None: no more)."""
     with conn.begin():
-        rows = conn.execute(stop_statement(schema, dry_run=True), _batch_params(now, after, limit)).all()
+        rows = conn.execute(stop_statement(schema, dry_run=True, play=play), _batch_params(now, after, limit)).all()
     return _outcome(rows), _cursor(rows)
 
 
 def stop_environment(
-    conn: Connection, schema: GitLabSchema, environment_id: int, now: dt.datetime
+    conn: Connection, schema: GitLabSchema, environment_id: int, now: dt.datetime, play: bool = True
 ) -> tuple[str, list[int]]:
     """Stop one environment with :func:`stop_statement` in its own transaction: its outcome and the stop actions played.
 
@@ -334,13 +344,13 @@ def stop_environment(
     """
     with conn.begin():
         params = {"environment_id": environment_id, "now": now, "naive_now": naive_utc(now)}
-        row = conn.execute(stop_statement(schema, one=True), params).first()
+        row = conn.execute(stop_statement(schema, one=True, play=play), params).first()
     return (CHANGED_CONCURRENTLY, []) if row is None else (row.outcome, row.played)
 
 
 def stop_one_by_one(
     conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
-    report_error: Callable[[int, BaseException], None],
+    report_error: Callable[[int, BaseException], None], play: bool = True,
 ) -> tuple[BatchOutcome, tuple | None]:
     """The batch read again, each environment stopped in its own transaction; one the database refuses is reported."""
     with conn.begin():
@@ -348,7 +358,7 @@ def stop_one_by_one(
     batch = BatchOutcome()
     for env in environments:
         try:
-            outcome, played = stop_environment(conn, schema, env.id, now)
+            outcome, played = stop_environment(conn, schema, env.id, now, play)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -363,16 +373,16 @@ def stop_one_by_one(
 
 def stop_next_batch(
     conn: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int,
-    report_error: Callable[[int, BaseException], None],
+    report_error: Callable[[int, BaseException], None], play: bool = True,
 ) -> tuple[BatchOutcome, tuple | None]:
     """The next batch in one statement; if the database refuses it (a bad row), environment by environment."""
     try:
         with conn.begin():
-            rows = conn.execute(stop_statement(schema), _batch_params(now, after, limit)).all()
+            rows = conn.execute(stop_statement(schema, play=play), _batch_params(now, after, limit)).all()
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
-        return stop_one_by_one(conn, schema, now, after, limit, report_error)
+        return stop_one_by_one(conn, schema, now, after, limit, report_error, play)
     return _outcome(rows), _cursor(rows)
 
 
@@ -384,13 +394,17 @@ def auto_stop_environments(
     max_loops: int = LOOP_LIMIT,
     max_runtime: dt.timedelta = LOOP_TIMEOUT,
     dry_run: bool = False,
+    play_stop_actions: bool = True,
     max_ids: int = 1000,
     on_batch: Callable[[BatchOutcome], None] = lambda batch: None,
     report_error: Callable[[int, BaseException], None] = lambda environment_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
     clock: Callable[[], float] = time.monotonic,
 ) -> AutoStopResult:
-    """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here."""
+    """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here.
+
+    ``play_stop_actions=False``: environments with stop actions are left (``not_played``), the others stopped.
+    """
     result = AutoStopResult()
     started, cursor = clock(), START
     with engine.connect() as conn:  # one connection for the run, one transaction per batch
@@ -402,9 +416,11 @@ def auto_stop_environments(
                 result.limit_reached = "time"
                 return result
             if dry_run:
-                batch, after = preview_batch(conn, schema, now(), cursor, batch_size)
+                batch, after = preview_batch(conn, schema, now(), cursor, batch_size, play_stop_actions)
             else:
-                batch, after = stop_next_batch(conn, schema, now(), cursor, batch_size, report_error)
+                batch, after = stop_next_batch(
+                    conn, schema, now(), cursor, batch_size, report_error, play_stop_actions
+                )
             if after is None:
                 return result
             cursor = after
