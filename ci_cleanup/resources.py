@@ -7,19 +7,30 @@ names the server, without its password.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, quote, urlsplit
 
+import psycopg2.errors
 import redis
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
-from sqlalchemy import create_engine, event
+from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from .gitlab.schema import GitLabSchema, detect_tables
+from .gitlab.schema import (
+    CI_DATABASE,
+    MAIN_DATABASE,
+    GitLabSchema,
+    SchemaMismatch,
+    database_of,
+    detect_tables,
+    require_columns,
+    write_locked,
+)
 
 
 class ServiceUnavailable(RuntimeError):
@@ -35,35 +46,36 @@ class RedisUnavailable(ServiceUnavailable, redis.ConnectionError):
 
 
 _BAD_PASSWORD = (
-    "CI_CLEANUP_DATABASE_URL has a raw '@' or ':' in its password (or cannot be parsed): "
+    "{variable} has a raw '@' or ':' in its password (or cannot be parsed): "
     "percent-encode the password ('@' as %40, ':' as %3A, '/' as %2F)"
 )
 
 
-def database_url(url: str):
+def database_url(url: str, variable: str = "CI_CLEANUP_DATABASE_URL"):
     """Parse an SQLAlchemy URL; a bare ``postgresql://`` means psycopg2 (SQLAlchemy 2.1 would pick psycopg 3).
 
     A raw ``@`` or ``:`` in the password is refused before parsing: SQLAlchemy would cut the password
     there and put the rest in the host or port, and psycopg2's error would print it.
-    No error here carries any part of the URL, which holds the password.
+    No error here carries any part of the URL, which holds the password; each names ``variable``.
     """
+    bad_password = _BAD_PASSWORD.format(variable=variable)
     _, sep, rest = url.partition("://")
     # SQLAlchemy's grammar: user [^:/]*, then ":" password [^@]*, then "@", then host[:port] up to "/" or "?".
     userinfo = re.match(r"[^:/@]*(?::([^@]*))?@", rest) if sep else None
     if userinfo is not None:
         host = re.split(r"[/?]", rest[userinfo.end():], maxsplit=1)[0]
         if ":" in (userinfo.group(1) or "") or "@" in host:
-            raise ValueError(_BAD_PASSWORD)
+            raise ValueError(bad_password)
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise ValueError("CI_CLEANUP_DATABASE_URL is not a valid SQLAlchemy URL (postgresql+psycopg2://…)") from None
+        raise ValueError(f"{variable} is not a valid SQLAlchemy URL (postgresql+psycopg2://…)") from None
     except ValueError:  # e.g. int() of a "port" that is a piece of the password
-        raise ValueError(_BAD_PASSWORD) from None
+        raise ValueError(bad_password) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg2")
     if parsed.drivername != "postgresql+psycopg2":
-        raise ValueError(f"CI_CLEANUP_DATABASE_URL must be postgresql+psycopg2://…, not {parsed.drivername}://")
+        raise ValueError(f"{variable} must be postgresql+psycopg2://…, not {parsed.drivername}://")
     return parsed
 
 
@@ -95,22 +107,41 @@ def redact_redis_url(url: str) -> str:
     return f"{parts.scheme}://{'***@' if at else ''}{host}{parts.path}{'?' if query else ''}{query}"
 
 
-class GitLabDatabase(ConfigurableResource):
-    """GitLab's main database (``CI_CLEANUP_DATABASE_URL``).
+CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
+_VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
 
-    The URL defaults to the environment variable (the config shows its name, never its value), so
-    another field can be set in the Launchpad without repeating ``url``.
+
+class StatementTimeout(RuntimeError):
+    """A statement ran over ``statement_timeout_seconds``; PostgreSQL cancelled it (its transaction rolled back)."""
+
+
+class WrongDatabase(SchemaMismatch):
+    """A table the job needs is GitLab's write-locked legacy copy in the database it would use."""
+
+
+class GitLabDatabase(ConfigurableResource):
+    """GitLab's databases: ``main`` (``CI_CLEANUP_DATABASE_URL``) and, when GitLab is decomposed, ``ci``
+    (``CI_CLEANUP_CI_DATABASE_URL``; unset, the CI tables are in the main database, GitLab's single-database
+    setup). Each table is used in the database of its GitLab schema (:func:`engine_for`); no job picks one.
+
+    The URLs default to the environment variables (the config shows the main one's name, never a value), so
+    any other field can be set in the Launchpad without repeating a URL. Each database gets its own engine.
     """
 
     url: str = Field(
         default=EnvVar("CI_CLEANUP_DATABASE_URL"),
-        description="SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed",
+        description="GitLab's main database: SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed",
+    )
+    ci_url: str | None = Field(
+        default=None,
+        description=f"GitLab's ci database when decomposed; unset: env {CI_DATABASE_ENV}, else the main database",
     )
     statement_timeout_seconds: int = Field(
         default=15, ge=1, le=600, description="Every statement's limit (GitLab.com applies 15 s)"
     )
     pool_size: int = Field(
-        default=2, ge=1, le=20, description="Connections of the run's engine (the bucket workers have their own)"
+        default=2, ge=1, le=20,
+        description="Connections of the run's engine, per database (the bucket workers have their own)",
     )
     builds_table: str | None = Field(
         default=None,
@@ -121,39 +152,56 @@ class GitLabDatabase(ConfigurableResource):
         description="Job artifacts table; unset: p_ci_job_artifacts if it exists, else the flat ci_job_artifacts",
     )
 
-    _engine: Engine | None = PrivateAttr(default=None)
+    _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)
     _tables: GitLabSchema | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._engine = self._create_engine(self.pool_size)
         try:
-            with self._engine.connect() as conn:
-                self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
+            for database in self._urls:
+                self._engines[database] = self._create_engine(database, self.pool_size)
+                with self._engines[database].connect() as conn:
+                    conn.scalar(text("SELECT 1"))
         except (SQLAlchemyError, DatabaseUnavailable) as e:
-            self._engine.dispose()
+            self.teardown_after_execution(context)
             raise ServiceUnavailable(
-                f"Cannot reach the GitLab database (PostgreSQL) at {self._where}: "
+                f"Cannot reach the GitLab database (PostgreSQL) {database} at {self._where(database)}: "
                 f"{getattr(e, 'orig', e)}".strip()
             ) from None
+        self._engines.setdefault(CI_DATABASE, self._engines[MAIN_DATABASE])
+        with self._engines[CI_DATABASE].connect() as conn:
+            self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
 
     @property
-    def _where(self) -> str:
-        return database_url(self.url).render_as_string(hide_password=True)
+    def _urls(self) -> dict[str, str]:
+        ci_url = self.ci_url or os.environ.get(CI_DATABASE_ENV)
+        return {MAIN_DATABASE: self.url, **({CI_DATABASE: ci_url} if ci_url else {})}
 
-    def _create_engine(self, pool_size: int) -> Engine:
-        """At most ``pool_size`` connections, each with the statement timeout; a lost server named in errors."""
+    @property
+    def decomposed(self) -> bool:
+        """Whether GitLab's ci database is configured apart from main."""
+        return CI_DATABASE in self._urls
+
+    def _where(self, database: str) -> str:
+        return database_url(self._urls[database], _VARIABLES[database]).render_as_string(hide_password=True)
+
+    def _create_engine(self, database: str, pool_size: int) -> Engine:
+        """At most ``pool_size`` connections; every statement under the timeout; a lost server named in errors.
+
+        The timeout is ``SET LOCAL``, sent with each statement: it holds in that statement's transaction (the
+        implicit one of an autocommit statement included) and in nothing else, so no setting outlives a
+        transaction on a connection PgBouncer hands to another client (GitLab's transaction pooling).
+        """
         engine = create_engine(
-            database_url(self.url), pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True
+            database_url(self._urls[database], _VARIABLES[database]),
+            pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True,
         )
-        timeout_ms = self.statement_timeout_seconds * 1000
+        limit = f"SET LOCAL statement_timeout = {int(self.statement_timeout_seconds * 1000)}; "
 
-        @event.listens_for(engine, "connect")
-        def _limit_statements(dbapi_connection, _record):
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute(f"SET statement_timeout = {int(timeout_ms)}")
-            dbapi_connection.commit()
+        @event.listens_for(engine, "before_cursor_execute", retval=True)
+        def _limit_statement(_conn, _cursor, statement, parameters, _context, _executemany):
+            return limit + statement, parameters
 
-        where = self._where
+        where = f"{database} at {self._where(database)}"
 
         @event.listens_for(engine, "handle_error")
         def _name_the_server(ctx):
@@ -161,11 +209,19 @@ class GitLabDatabase(ConfigurableResource):
             # … failed" without naming which server: say it is GitLab's PostgreSQL. A lost connection,
             # or one that cannot be opened (no statement yet), fails the run; never a pre-ping, which
             # must stay a plain disconnect so the pool reconnects after a restart.
+            if isinstance(ctx.original_exception, psycopg2.errors.QueryCanceled):
+                statement = " ".join((ctx.statement or "").removeprefix(limit).split())
+                error = StatementTimeout(
+                    f"A statement ran over the statement timeout ({self.statement_timeout_seconds} s) in the GitLab "
+                    f"database {where} and was cancelled: {statement[:300]}"
+                )
+                error.orig = ctx.original_exception
+                return error
             never_opened = ctx.connection is None and isinstance(ctx.sqlalchemy_exception, OperationalError)
             lost = ctx.is_disconnect or never_opened
             if lost and not ctx.is_pre_ping:
                 error = DatabaseUnavailable(
-                    f"Lost the GitLab database (PostgreSQL) at {where}: {str(ctx.original_exception).strip()}"
+                    f"Lost the GitLab database (PostgreSQL) {where}: {str(ctx.original_exception).strip()}"
                 )
                 error.orig = ctx.original_exception
                 return error
@@ -174,29 +230,62 @@ class GitLabDatabase(ConfigurableResource):
         return engine
 
     @contextmanager
-    def dedicated_engine(self, connections: int) -> Iterator[Engine]:
-        """An engine of ``connections`` connections for one op that works on that many at once (the bucket
-        workers), closed when the op is done; the run's own engine keeps its small pool."""
-        engine = self._create_engine(connections)
+    def dedicated_engine(self, table: Table, connections: int) -> Iterator[Engine]:
+        """An engine of ``connections`` connections to ``table``'s database for one op that works on that many at
+        once (the bucket workers), closed when the op is done; the run's own engines keep their small pools."""
+        engine = self._create_engine(self._database(table), connections)
         try:
             yield engine
         finally:
             engine.dispose()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
+        for engine in {id(e): e for e in self._engines.values()}.values():
+            engine.dispose()
+        self._engines = {}
 
-    @property
-    def engine(self) -> Engine:
-        assert self._engine is not None, "GitLabDatabase used outside a run"
-        return self._engine
+    def _database(self, table: Table) -> str:
+        """The database of ``table``'s GitLab schema, as configured: ``ci`` only when decomposed."""
+        return database_of(table) if self.decomposed else MAIN_DATABASE
+
+    def engine_for(self, table: Table) -> Engine:
+        """The engine of the database that holds ``table``'s rows (GitLab's ``gitlab_schema`` → connection)."""
+        assert self._engines, "GitLabDatabase used outside a run"
+        return self._engines[database_of(table)]
 
     @property
     def schema(self) -> GitLabSchema:
-        """GitLab's tables as this database has them (:func:`~ci_cleanup.gitlab.schema.detect_tables`)."""
+        """GitLab's tables as the ci database has them (:func:`~ci_cleanup.gitlab.schema.detect_tables`)."""
         assert self._tables is not None, "GitLabDatabase used outside a run"
         return self._tables
+
+    def require(self, tables: list[Table]) -> dict[str, object]:
+        """Fail before anything is written unless each of ``tables`` is, in the database it will be used in, as
+        the job needs it (:func:`~ci_cleanup.gitlab.schema.require_columns`) and not GitLab's write-locked copy
+        of another database's table (a job reading it would find it empty and change nothing). The run's
+        metadata: the tables and the database each is used in."""
+        by_database: dict[str, list[Table]] = {}
+        for table in tables:
+            by_database.setdefault(self._database(table), []).append(table)
+        for database, own in by_database.items():
+            with self.engine_for(own[0]).connect() as conn:
+                locked = write_locked(conn, own)
+                if locked:
+                    raise WrongDatabase(self._locked_message(database, locked))
+                require_columns(conn, own)
+        return {
+            "gitlab_tables": [t.name for t in tables],
+            "gitlab_databases": {t.name: self._database(t) for t in tables},
+        }
+
+    def _locked_message(self, database: str, locked: list[str]) -> str:
+        where = f"the {database} database ({self._where(database)})"
+        tables = ", ".join(locked)
+        if database == MAIN_DATABASE and not self.decomposed:
+            return (f"{tables}: write-locked by GitLab in {where}: this GitLab is decomposed and these rows are in "
+                    f"its ci database; set {CI_DATABASE_ENV} to it. Nothing was changed")
+        return (f"{tables}: write-locked by GitLab in {where}, which does not hold these rows: point "
+                f"{_VARIABLES[database]} at GitLab's {database} database. Nothing was changed")
 
 
 class RedisRefused(ServiceUnavailable, redis.ResponseError):
@@ -317,11 +406,12 @@ class RunOptions(ConfigurableResource):
 
 
 def job_resources(
-    database_url: str, redis_url: str, *, queues_url: str | None = None, dry_run: bool = False
+    database_url: str, redis_url: str, *, ci_database_url: str | None = None, queues_url: str | None = None,
+    dry_run: bool = False,
 ) -> dict[str, ConfigurableResource]:
     """The resources every job runs with, for a run started in process (CLI, tests, benchmark)."""
     return {
-        "gitlab_db": GitLabDatabase(url=database_url),
+        "gitlab_db": GitLabDatabase(url=database_url, ci_url=ci_database_url),
         "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),
         "run_options": RunOptions(dry_run=dry_run),
     }

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine
 
 from ci_cleanup.alerts import WEBHOOK_ENV
 
-from .harness import gitlab_stack, reset, scratch_database_of
+from .harness import Databases, DeployedStack, deployed_stack, gitlab_stack, reset, scratch_database_of
 
 
 @pytest.fixture(scope="session")
@@ -33,15 +33,51 @@ def servers_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+LAYOUTS = ("direct", "deployed")
+
+
+def pytest_generate_tests(metafunc):
+    """Modules marked ``layouts`` run each test on one database and on GitLab as deployed (main + ci behind
+    PgBouncer): the ``stack`` (and ``engine``) of each."""
+    if metafunc.definition.get_closest_marker("layouts") and "stack" in metafunc.fixturenames:
+        metafunc.parametrize("stack", LAYOUTS, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def stack(servers_dir):
+def embedded(servers_dir):
+    """The embedded PostgreSQL and Redis, GitLab's tables in its one GitLab database."""
     with gitlab_stack(servers_dir / "stack") as stack:
         yield stack
 
 
 @pytest.fixture(scope="session")
+def deployed(embedded, servers_dir):
+    """GitLab as deployed: main and ci databases behind Debian's PgBouncer (:class:`harness.DeployedStack`).
+    Without pgbouncer installed it skips, except under CI, where it must not."""
+    if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is not installed: .ci/run installs Debian's pgbouncer")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with deployed_stack(embedded, servers_dir / "pgbouncer") as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def stack(request, embedded):
+    """What a job runs against: the embedded stack, or (``layouts`` modules, ``deployed``) GitLab as deployed."""
+    if getattr(request, "param", "direct") == "deployed":
+        return request.getfixturevalue("deployed")
+    return embedded
+
+
+@pytest.fixture(scope="session")
 def _engine(stack):
-    engine = create_engine(stack.url(), pool_size=5)
+    """Direct connections to the GitLab database(s) of ``stack``: one engine, or main and ci's."""
+    if isinstance(stack, DeployedStack):
+        engine = Databases(create_engine(stack.direct_url(stack.MAIN), pool_size=5),
+                           create_engine(stack.direct_url(stack.CI), pool_size=5))
+    else:
+        engine = create_engine(stack.url(), pool_size=5)
     yield engine
     engine.dispose()
 
@@ -63,9 +99,9 @@ def redis_client(stack):
 
 
 @pytest.fixture
-def scratch_database(stack):
+def scratch_database(embedded):
     """A database of its own, for tests that break or reshape the schema; returns its URL."""
-    with scratch_database_of(stack) as url:
+    with scratch_database_of(embedded) as url:
         yield url
 
 

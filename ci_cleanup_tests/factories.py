@@ -14,6 +14,8 @@ from sqlalchemy.engine import Engine
 
 from ci_cleanup.gitlab.schema import GitLabSchema, gitlab_schema, naive_utc, utc_now
 
+from .harness import on
+
 S = gitlab_schema()
 
 
@@ -31,6 +33,7 @@ def naive_ago(**delta) -> dt.datetime:
 def updates_refused(engine: Engine, table: str, condition: str, message: str = "row is broken"):
     """While open, PostgreSQL refuses an update of ``table`` whose new row meets ``condition`` (SQL on ``NEW``)
     with ``message``, as it would a broken row's; the trigger is dropped afterwards."""
+    engine = on(engine, table)
     with engine.begin() as conn:
         conn.execute(text(f"""
             CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN
@@ -100,7 +103,7 @@ def create(engine: Engine, table: str, *, schema: GitLabSchema = S, **values) ->
     ``schema``: another layout's tables (the flat ``ci_builds`` of GitLab before partitioning).
     """
     t = getattr(schema, table)
-    with engine.begin() as conn:
+    with on(engine, table).begin() as conn:
         if table in ("ci_pending_builds", "ci_running_builds") and "partition_id" not in values:
             b = schema.ci_builds
             values["partition_id"] = conn.scalar(select(b.c.partition_id).where(b.c.id == values["build_id"])) or 100
@@ -109,13 +112,13 @@ def create(engine: Engine, table: str, *, schema: GitLabSchema = S, **values) ->
 
 def row(engine: Engine, table: str, id: int):
     t = TABLES[table]
-    with engine.connect() as conn:
+    with on(engine, table).connect() as conn:
         return conn.execute(select(t).where(t.c.id == id)).one_or_none()
 
 
 def ids(engine: Engine, table: str, *where) -> list[int]:
     t = TABLES[table]
-    with engine.connect() as conn:
+    with on(engine, table).connect() as conn:
         return list(conn.scalars(select(t.c.id).where(*where).order_by(t.c.id)))
 
 

@@ -19,8 +19,15 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ci_cleanup.devstack import EmbeddedStack
-from ci_cleanup.gitlab.schema import create_schema, gitlab_schema, truncate_all
+from ci_cleanup.devstack import EmbeddedStack, PgBouncer, create_decomposed
+from ci_cleanup.gitlab.schema import (
+    CI_DATABASE,
+    MAIN_DATABASE,
+    create_schema,
+    database_of,
+    gitlab_schema,
+    truncate_all,
+)
 
 
 @contextlib.contextmanager
@@ -41,13 +48,84 @@ def gitlab_database(url: str, *statements: str) -> Engine:
     return engine
 
 
-def reset(engine: Engine, redis_client=None, *, also: tuple[str, ...] = ()) -> None:
+def reset(engine: Engine | Databases, redis_client=None, *, also: tuple[str, ...] = ()) -> None:
     """Every GitLab table emptied (with ``also``), and the client's Redis db flushed (that db only: tests and
-    series that use other dbs of the same server flush their own)."""
-    with engine.begin() as conn:
-        truncate_all(conn, gitlab_schema(), also=also)
+    series that use other dbs of the same server flush their own). Decomposed: each database's own tables."""
+    if isinstance(engine, Databases):
+        for database, own in ((MAIN_DATABASE, engine.main), (CI_DATABASE, engine.ci)):
+            with own.begin() as conn:
+                truncate_all(conn, gitlab_schema(), also=also, database=database)
+    else:
+        with engine.begin() as conn:
+            truncate_all(conn, gitlab_schema(), also=also)
     if redis_client is not None:
         redis_client.flushdb()
+
+
+class Databases:
+    """A decomposed GitLab's databases as a test sees them: direct connections (never through PgBouncer) to
+    ``main`` and ``ci``. :meth:`of` is the engine of a table's rows; anything else (``begin``, ``connect``) is
+    main's, so a test that writes a ci table there meets GitLab's lock-writes trigger, loudly."""
+
+    def __init__(self, main: Engine, ci: Engine):
+        self.main, self.ci = main, ci
+
+    def of(self, table: str) -> Engine:
+        """``table``: a factory's name (``ci_builds``) or the database's (``p_ci_builds``)."""
+        schema = gitlab_schema()
+        declared = getattr(schema, table, None) if hasattr(schema, table) else schema.metadata.tables[table]
+        return self.ci if database_of(declared) == CI_DATABASE else self.main
+
+    def __getattr__(self, name: str):
+        return getattr(self.main, name)
+
+    def dispose(self) -> None:
+        self.main.dispose()
+        self.ci.dispose()
+
+
+def on(engine: Engine | Databases, table: str) -> Engine:
+    """The engine holding ``table``'s rows: ``engine`` itself unless it is a decomposed GitLab's databases."""
+    return engine.of(table) if isinstance(engine, Databases) else engine
+
+
+class DeployedStack:
+    """GitLab as deployed: ``gitlab_main`` and ``gitlab_ci`` (GitLab's DDL in both, GitLab's lock-writes
+    triggers on the other's tables) in the embedded PostgreSQL, reached by the jobs through Debian's PgBouncer
+    in transaction pooling (two server connections per database; ``deployed_main_one``, ``deployed_ci_one``: the
+    same databases through a pool of one). Redis and the Dagster database are the embedded stack's."""
+
+    MAIN, CI = "deployed_main", "deployed_ci"
+
+    def __init__(self, embedded: EmbeddedStack, bouncer: PgBouncer):
+        self.embedded, self.bouncer = embedded, bouncer
+
+    def url(self, database: str = MAIN) -> str:
+        """What a job is given: through PgBouncer for GitLab's databases, direct for any other (scratch)."""
+        return self.bouncer.url(database) if database in self.bouncer.databases else self.embedded.url(database)
+
+    def ci_url(self) -> str:
+        return self.bouncer.url(self.CI)
+
+    def direct_url(self, database: str = MAIN) -> str:
+        return self.embedded.url(database)
+
+    @property
+    def redis_url(self) -> str:
+        return self.embedded.redis_url
+
+    def env(self) -> dict[str, str]:
+        urls = {"CI_CLEANUP_DATABASE_URL": self.url(), "CI_CLEANUP_CI_DATABASE_URL": self.ci_url()}
+        return {**self.embedded.env(), **urls}
+
+
+@contextlib.contextmanager
+def deployed_stack(embedded: EmbeddedStack, data_dir: Path) -> Iterator[DeployedStack]:
+    create_decomposed(embedded, DeployedStack.MAIN, DeployedStack.CI)
+    pools = {DeployedStack.MAIN: (DeployedStack.MAIN, 2), DeployedStack.CI: (DeployedStack.CI, 2),
+             "deployed_main_one": (DeployedStack.MAIN, 1), "deployed_ci_one": (DeployedStack.CI, 1)}
+    with PgBouncer(embedded, data_dir, pools) as bouncer:
+        yield DeployedStack(embedded, bouncer)
 
 
 @contextlib.contextmanager

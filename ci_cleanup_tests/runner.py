@@ -14,7 +14,9 @@ def run_job(
 ) -> ExecuteInProcessResult:
     return job.execute_in_process(
         run_config=run_config or {},
-        resources=job_resources(database_url or stack.url(), stack.redis_url, dry_run=dry_run),
+        # Decomposed (GitLab as deployed): the ci database too, unless the test points the job elsewhere.
+        resources=job_resources(database_url or stack.url(), stack.redis_url, dry_run=dry_run,
+                                ci_database_url=None if database_url else stack.ci_url()),
         instance=instance or DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
         tags=tags,

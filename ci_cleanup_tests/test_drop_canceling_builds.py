@@ -16,8 +16,10 @@ from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, create, ids, naive_ago, row, updates_refused
-from .harness import gitlab_database
+from .harness import gitlab_database, on
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
+
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
 LEASE = PREFIX + LEASE_KEY
 
@@ -235,7 +237,7 @@ def test_created_at_in_bc_at_minus_infinity_or_in_year_1_is_dropped_or_reported_
     with updates_refused(engine, "p_ci_builds", f"NEW.id = {refused} AND NEW.failure_reason = 3"):
         result = run_job(drop_canceling_builds, stack)
 
-    with engine.connect() as conn:
+    with on(engine, "ci_builds").connect() as conn:
         assert conn.execute(text("SELECT id, status, failure_reason FROM p_ci_builds ORDER BY id")).all() == [
             *[(build_id, "failed", 3) for build_id in odd.values()], (refused, "failed", 12)]
     report = op_metadata(result, "report_dropped_builds")

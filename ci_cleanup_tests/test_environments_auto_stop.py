@@ -26,6 +26,8 @@ from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, 
 from .harness import gitlab_database
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
+
 LEASE = PREFIX + LEASE_KEY
 CONFIG = "find_auto_stoppable_environments"
 _names = itertools.count(1)

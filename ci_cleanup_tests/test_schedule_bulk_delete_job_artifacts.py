@@ -38,6 +38,8 @@ from .factories import S, ago, create, ids, row
 from .harness import clean_env, gitlab_database
 from .runner import op_metadata, run_job, step_failure_message
 
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
+
 REPORT = "report_bulk_delete"
 WORKERS = "run_bucket_workers"
 

@@ -22,6 +22,8 @@ from .factories import S, ago, create, ids, row
 from .harness import gitlab_database
 from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
 
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
+
 NOW = dt.datetime(2024, 5, 6, 12, 0, tzinfo=dt.UTC)
 WEEK = dt.timedelta(days=7)
 REPORT = "report_stale_runner_machines_cleanup"

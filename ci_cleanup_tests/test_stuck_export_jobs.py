@@ -21,6 +21,8 @@ from .factories import S, ago, backend_waiting_on_lock, create, ids, row, update
 from .harness import gitlab_database
 from .runner import failure_messages, op_metadata, run_job
 
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
+
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
 REPORT = "report_stuck_export_jobs"
 J = S.project_export_jobs

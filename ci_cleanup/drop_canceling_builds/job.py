@@ -10,7 +10,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import naive_utc, require_columns, utc_now
+from ..gitlab.schema import naive_utc, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -46,8 +46,8 @@ def find_canceling_builds(
     """Check the schema, take the lease (skip if held, as GitLab does) and count the outdated canceling builds."""
     schema = gitlab_db.schema
     cutoff = utc_now() - dt.timedelta(minutes=config.timeout_minutes)
-    with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
+    gitlab_tables = gitlab_db.require([schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
+    with gitlab_db.engine_for(schema.ci_builds).connect() as conn:
         candidates = service.count_candidates(conn, schema, cutoff)
         begun = start(context, run_options, LEASE, gitlab_redis)
         would = {}
@@ -56,8 +56,7 @@ def find_canceling_builds(
             would = {"would_drop_count": candidates, "would_drop_ids": [row.id for row in first]}
     context.log.info("Cleaning canceling, timed-out builds")
     context.add_output_metadata(
-        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "gitlab_tables": gitlab_tables,
-         **begun.metadata}
+        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), **gitlab_tables, **begun.metadata}
     )
     return DropPlan(begun, cutoff, config.batch_size, candidates, would)
 
@@ -89,7 +88,8 @@ def drop_outdated_builds(
 
     with observer:
         return service.drop_canceling_builds(
-            gitlab_db.engine, gitlab_db.schema, cutoff=plan.cutoff, batch_size=plan.batch_size,
+            gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
+            cutoff=plan.cutoff, batch_size=plan.batch_size,
             on_batch=on_batch, report_error=report_error,
         )
 

@@ -10,7 +10,7 @@ from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import missing_unique_index, require_columns, utc_now
+from ..gitlab.schema import missing_unique_index, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -57,12 +57,13 @@ def find_auto_stoppable_environments(
     (rather than every batch failing and every environment reported as an error).
     """
     schema = gitlab_db.schema
-    with gitlab_db.engine.connect() as conn:
-        tables = [schema.environments, schema.deployments, schema.ci_builds, schema.ci_pending_builds]
-        gitlab_tables = require_columns(conn, tables)
+    gitlab_tables = gitlab_db.require([schema.environments, schema.deployments, schema.ci_builds,
+                                       schema.ci_pending_builds])
+    with gitlab_db.engine_for(schema.ci_pending_builds).connect() as conn:
         missing_index = missing_unique_index(conn, schema.ci_pending_builds, "build_id", service.PENDING_BUILDS_INDEX)
+    with gitlab_db.engine_for(schema.environments).connect() as conn:
         candidates = service.count_auto_stoppable(conn, schema, utc_now())
-    found = {"candidates": candidates, "gitlab_tables": gitlab_tables}
+    found = {"candidates": candidates, **gitlab_tables}
     if missing_index:
         found["missing_index"] = missing_index
         context.log.error(f"The database lacks GitLab's {missing_index}: stop actions will not be played")
@@ -105,7 +106,8 @@ def stop_environments(
 
     with observer:
         return service.auto_stop_environments(
-            gitlab_db.engine, gitlab_db.schema, batch_size=plan.batch_size, max_loops=plan.max_loops,
+            gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.schema,
+            batch_size=plan.batch_size, max_loops=plan.max_loops,
             max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run,
             play_stop_actions=plan.missing_index is None, max_ids=MAX_IDS_REPORTED,
             on_batch=on_batch, report_error=report_error,

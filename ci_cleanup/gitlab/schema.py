@@ -72,6 +72,18 @@ def naive_utc(moment: dt.datetime) -> dt.datetime:
     return moment.astimezone(dt.UTC).replace(tzinfo=None)
 
 
+# Where each table lives (GitLab's ``db/docs/<table>.yml``, ``gitlab_schema``): the CI tables in the ``ci`` database
+# of a decomposed GitLab, the others (``gitlab_main``, ``_cell``, ``_org``, ``_clusterwide``, by version) in ``main``.
+# With one database both are the same. Each table below declares it in ``Table.info``.
+GITLAB_CI, GITLAB_MAIN = "gitlab_ci", "gitlab_main"
+MAIN_DATABASE, CI_DATABASE = "main", "ci"
+
+
+def database_of(table: Table) -> str:
+    """``ci`` or ``main``: the database of GitLab's ``database.yml`` that holds ``table``'s rows."""
+    return CI_DATABASE if table.info["gitlab_schema"] == GITLAB_CI else MAIN_DATABASE
+
+
 class SchemaMismatch(RuntimeError):
     """The database lacks a table or column a batch needs (we never create them there)."""
 
@@ -103,6 +115,7 @@ ci_builds = Table(
     Column("when", String),
     Column("ref", String),
     Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
+    info={"gitlab_schema": GITLAB_CI},
 )
 ci_pending_builds = Table(
     "ci_pending_builds",
@@ -112,6 +125,7 @@ ci_pending_builds = Table(
     Column("project_id", BigInteger, nullable=False),
     Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
     Column("partition_id", BigInteger, nullable=False),  # the build's; no default
+    info={"gitlab_schema": GITLAB_CI},
 )
 ci_running_builds = Table(
     "ci_running_builds",
@@ -123,6 +137,7 @@ ci_running_builds = Table(
     Column("runner_type", SmallInteger, nullable=False),
     Column("partition_id", BigInteger, nullable=False),
     Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+    info={"gitlab_schema": GITLAB_CI},
 )
 # LIST-partitioned by runner_type; a trigger mirrors every change into ci_runner_machines_archived.
 ci_runner_machines = Table(
@@ -137,6 +152,7 @@ ci_runner_machines = Table(
     Column("created_at", TIMESTAMPTZ, nullable=False),
     Column("updated_at", TIMESTAMPTZ, nullable=False),
     Column("contacted_at", TIMESTAMPTZ),
+    info={"gitlab_schema": GITLAB_CI},
 )
 project_export_jobs = Table(
     "project_export_jobs",
@@ -148,6 +164,7 @@ project_export_jobs = Table(
     Column("user_id", BigInteger),
     Column("created_at", TIMESTAMPTZ, nullable=False),
     Column("updated_at", TIMESTAMPTZ, nullable=False),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 project_relation_exports = Table(
     "project_relation_exports",
@@ -161,6 +178,7 @@ project_relation_exports = Table(
     Column("export_error", Text),
     Column("created_at", TIMESTAMPTZ, nullable=False),
     Column("updated_at", TIMESTAMPTZ, nullable=False),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 environments = Table(
     "environments",
@@ -175,6 +193,7 @@ environments = Table(
     Column("auto_stop_setting", SmallInteger, nullable=False, server_default=text("0")),
     Column("created_at", TIMESTAMP),
     Column("updated_at", TIMESTAMP),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 deployments = Table(
     "deployments",
@@ -194,6 +213,7 @@ deployments = Table(
     Column("created_at", TIMESTAMP),
     Column("updated_at", TIMESTAMP),
     Column("finished_at", TIMESTAMPTZ),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 ci_job_artifacts = Table(
     "p_ci_job_artifacts",
@@ -211,6 +231,7 @@ ci_job_artifacts = Table(
     Column("locked", SmallInteger, server_default=text("2")),
     Column("created_at", TIMESTAMPTZ, nullable=False),
     Column("updated_at", TIMESTAMPTZ, nullable=False),
+    info={"gitlab_schema": GITLAB_CI},
 )
 ci_deleted_objects = Table(
     "ci_deleted_objects",
@@ -222,6 +243,7 @@ ci_deleted_objects = Table(
     Column("file", Text, nullable=False),
     Column("project_id", BigInteger),  # NOT NULL by CHECK constraint
     Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+    info={"gitlab_schema": GITLAB_CI},
 )
 features = Table(
     "features",
@@ -230,6 +252,7 @@ features = Table(
     Column("key", String, nullable=False),
     Column("created_at", TIMESTAMP, nullable=False),
     Column("updated_at", TIMESTAMP, nullable=False),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 feature_gates = Table(
     "feature_gates",
@@ -240,6 +263,7 @@ feature_gates = Table(
     Column("value", String),
     Column("created_at", TIMESTAMP, nullable=False),
     Column("updated_at", TIMESTAMP, nullable=False),
+    info={"gitlab_schema": GITLAB_MAIN},
 )
 
 
@@ -294,8 +318,10 @@ _FLAT_DEFAULTS = [
     f"ALTER TABLE ONLY {table} ALTER COLUMN partition_id SET DEFAULT 100;"
     for table in ("ci_builds", "ci_job_artifacts")
 ]
-# Tables GitLab's triggers write beside the ones the jobs touch (emptied with them by :func:`truncate_all`).
-_TRIGGER_TABLES = ("ci_runner_machines_archived", "loose_foreign_keys_deleted_records")
+# Tables GitLab's triggers write beside the ones the jobs touch (emptied with them by :func:`truncate_all`), and
+# the database each is in (``gitlab_shared``'s loose-FK records: both).
+_TRIGGER_TABLES = {"ci_runner_machines_archived": (CI_DATABASE,),
+                   "loose_foreign_keys_deleted_records": (MAIN_DATABASE, CI_DATABASE)}
 
 
 def _statements(sql: str) -> list[str]:
@@ -346,10 +372,62 @@ def create_schema(engine: Engine, layout: str = PARTITIONED) -> None:
             cursor.execute(statement)
 
 
-def truncate_all(conn: Connection, schema: GitLabSchema, also: tuple[str, ...] = ()) -> None:
-    """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only)."""
-    names = [t.name for t in schema.metadata.sorted_tables] + list(_TRIGGER_TABLES) + list(also)
+def truncate_all(
+    conn: Connection, schema: GitLabSchema, also: tuple[str, ...] = (), database: str | None = None
+) -> None:
+    """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only);
+    given a ``database`` (``main`` / ``ci``), only its own tables: the other's copies are write-locked there."""
+    names = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
+    names += [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)] + list(also)
     conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
+
+
+# GitLab's lock-writes (``rake gitlab:db:lock_writes``, ``Gitlab::Database::LockWritesManager``): each database
+# of a decomposed GitLab keeps the other's tables, empty, behind a statement trigger that refuses writes.
+_PREVENT_WRITE_FUNCTION = """
+CREATE OR REPLACE FUNCTION gitlab_schema_prevent_write() RETURNS TRIGGER AS $$
+BEGIN
+    IF COALESCE(NULLIF(current_setting(CONCAT('lock_writes.', TG_TABLE_NAME), true), ''), 'true') THEN
+      RAISE EXCEPTION 'Table: "%" is write protected within this Gitlab database.', TG_TABLE_NAME
+        USING ERRCODE = 'modifying_sql_data_not_permitted',
+        HINT = 'Make sure you are using the right database connection';
+    END IF;
+    RETURN NEW;
+END
+$$ LANGUAGE PLPGSQL"""
+
+
+def lock_writes(conn: Connection, database: str) -> list[str]:
+    """Lock writes, as GitLab's rake task does, on every table (and partition) of this schema that lives in the
+    *other* database than ``database``; the tables locked (dev stack, benchmark and tests only)."""
+    foreign = [t.name for t in metadata.sorted_tables if database_of(t) != database]
+    foreign += [name for name, where in _TRIGGER_TABLES.items() if database not in where]
+    if database == MAIN_DATABASE:
+        foreign += ["ci_builds", "ci_job_artifacts"]  # the flat layout's tables (partitions of the parents else)
+    conn.execute(text(_PREVENT_WRITE_FUNCTION))
+    tables = conn.execute(
+        text("WITH RECURSIVE t(oid) AS (SELECT to_regclass(n) FROM unnest(CAST(:names AS text[])) n "
+             "  UNION SELECT inhrelid FROM pg_inherits JOIN t ON inhparent = t.oid) "
+             "SELECT oid::regclass::text, relname FROM t JOIN pg_class USING (oid)"),
+        {"names": foreign},
+    ).all()
+    for qualified, name in tables:
+        conn.execute(text(
+            f"CREATE TRIGGER gitlab_schema_write_trigger_for_{name} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE "
+            f"ON {qualified} FOR EACH STATEMENT EXECUTE FUNCTION gitlab_schema_prevent_write()"
+        ))
+    return [qualified for qualified, _ in tables]
+
+
+def write_locked(conn: Connection, tables: list[Table]) -> list[str]:
+    """Which of ``tables`` carry GitLab's lock-writes trigger here: GitLab's empty legacy copies of another
+    database's tables (GitLab's own ``table_write_locked?`` query, by the name the jobs use)."""
+    return list(conn.scalars(
+        text("SELECT DISTINCT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+             "JOIN pg_proc p ON p.oid = t.tgfoid WHERE p.proname = 'gitlab_schema_prevent_write' "
+             "AND t.tgrelid = ANY(SELECT to_regclass(n) FROM unnest(CAST(:names AS text[])) n) ORDER BY 1"),
+        {"names": [t.name for t in tables]},
+    ))
 
 
 def detect_tables(

@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
 from ..gitlab import artifact_buckets
-from ..gitlab.schema import require_columns, utc_now
+from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, table, track_exception
 from . import files, service
@@ -91,11 +91,11 @@ def schedule_buckets(
     schema = gitlab_db.schema
     now = utc_now()
     begun = start(context, run_options)
-    with gitlab_db.engine.connect() as conn:
-        tables = [schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates]
-        gitlab_tables = require_columns(conn, tables)
+    gitlab_tables = gitlab_db.require([schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+    with gitlab_db.engine_for(schema.feature_gates).connect() as conn:
         flags = service.read_flags(conn, schema)
-        if begun.mode is RunMode.DRY_RUN and flags.enabled:
+    if begun.mode is RunMode.DRY_RUN and flags.enabled:
+        with gitlab_db.engine_for(schema.ci_job_artifacts).connect() as conn:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
     limits = dict(
@@ -105,11 +105,11 @@ def schedule_buckets(
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
         off = skipped(f"{service.FEATURE_FLAG} disabled")
-        context.add_output_metadata({"gitlab_tables": gitlab_tables, **off.metadata})
+        context.add_output_metadata({**gitlab_tables, **off.metadata})
         return BulkDeletePlan(off, **limits)
     if begun.mode is RunMode.DRY_RUN:
         buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
-        context.add_output_metadata({**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata})
+        context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata})
         return BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits)
     buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
     if buckets.stray_count:
@@ -118,7 +118,7 @@ def schedule_buckets(
             f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
         )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
-    context.add_output_metadata({**_bucket_metadata(buckets), "gitlab_tables": gitlab_tables, **begun.metadata})
+    context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata})
     return BulkDeletePlan(begun, buckets=buckets, **limits)
 
 
@@ -179,7 +179,8 @@ def run_bucket_workers(
     # Each worker holds one connection for its whole run, so the op needs max_buckets of them at once (5, or 10
     # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
     # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
-    with observer, gitlab_db.dedicated_engine(workers) as engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
+    dedicated = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
+    with observer, dedicated as engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
         try:
             for bucket in range(workers):
                 pool.submit(work, engine, bucket)
@@ -316,8 +317,8 @@ def plan_artifact_file_removal(
         raise ValueError(f"artifacts_root {root!r} is not an absolute path to an existing directory")
     begun = start(context, run_options)
     would = {}
-    with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.ci_deleted_objects])
+    gitlab_tables = gitlab_db.require([schema.ci_deleted_objects])
+    with gitlab_db.engine_for(schema.ci_deleted_objects).connect() as conn:
         due_by_store = files.count_due(conn, schema, utc_now())
         if begun.mode is RunMode.DRY_RUN:
             preview = files.preview(conn, schema, Path(root) if root else None, utc_now(), MAX_IDS_REPORTED)
@@ -330,7 +331,7 @@ def plan_artifact_file_removal(
     if root is None:
         context.log.warning(f"No artifacts root ({ARTIFACTS_ROOT_ENV} or artifacts_root): local files are left")
     context.add_output_metadata(
-        {"due_count": sum(due_by_store.values()), "artifacts_root": root, "gitlab_tables": gitlab_tables,
+        {"due_count": sum(due_by_store.values()), "artifacts_root": root, **gitlab_tables,
          **begun.metadata}
     )
     return FilesPlan(begun, root, config.batch_size, config.max_batches, due_by_store, would)
@@ -357,7 +358,8 @@ def remove_expired_artifact_files(
 
     with BatchObserver(context, DELETED_OBJECTS) as observer:
         return files.delete_expired_artifact_files(
-            gitlab_db.engine, gitlab_db.schema, root, batch_size=plan.batch_size, max_batches=plan.max_batches,
+            gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema,
+            root, batch_size=plan.batch_size, max_batches=plan.max_batches,
             on_batch=lambda batch: observer.add(_files_counts(batch)), report_error=report_error,
         )
 

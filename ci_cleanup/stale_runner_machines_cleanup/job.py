@@ -12,7 +12,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field, model_validator
 
 from ..batch import RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import require_columns, utc_now
+from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
 from . import service
@@ -67,17 +67,17 @@ def find_stale_runner_machines(
     schema = gitlab_db.schema
     now, stale_after = utc_now(), dt.timedelta(days=config.stale_after_days)
     deadline = service.stale_deadline(now, stale_after)
+    gitlab_tables = gitlab_db.require([schema.ci_runner_machines])
     begun = start(context, run_options)
     would = {}
-    with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.ci_runner_machines])
+    with gitlab_db.engine_for(schema.ci_runner_machines).connect() as conn:
         stale_count = service.count_stale(conn, schema, deadline)
         if begun.mode is RunMode.DRY_RUN:
             would_delete = min(stale_count, config.max_deletions)  # as many as a real run would, capped
             ids = service.find_stale_ids(conn, schema, deadline, min(would_delete, MAX_IDS_REPORTED))
             would = {"would_delete_count": would_delete, "would_delete_ids": ids}
     context.add_output_metadata(
-        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, "gitlab_tables": gitlab_tables,
+        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, **gitlab_tables,
          **begun.metadata}
     )
     return CleanupPlan(
@@ -100,7 +100,8 @@ def delete_stale_runner_machines(
 
     with observer:
         return service.delete_stale_runner_managers(
-            gitlab_db.engine, gitlab_db.schema, now=plan.now, stale_after=plan.stale_after,
+            gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema,
+            now=plan.now, stale_after=plan.stale_after,
             sub_batch_limit=plan.sub_batch_size, max_deletions=plan.max_deletions, on_sub_batch=on_sub_batch,
         )
 

@@ -12,7 +12,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import require_columns, utc_now
+from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, observe, track_exception
 from . import service
@@ -49,13 +49,13 @@ def find_enqueued_export_jobs(
 ) -> StuckExportPlan:
     """Check the schema and count the queued and started export jobs."""
     schema = gitlab_db.schema
-    with gitlab_db.engine.connect() as conn:
-        gitlab_tables = require_columns(conn, [schema.project_export_jobs, schema.project_relation_exports])
+    gitlab_tables = gitlab_db.require([schema.project_export_jobs, schema.project_relation_exports])
+    with gitlab_db.engine_for(schema.project_export_jobs).connect() as conn:
         candidates = service.count_enqueued(conn, schema)
     begun = start(context, run_options)
     grace_cutoff = utc_now() - dt.timedelta(hours=config.relation_exports_grace_hours)
     context.add_output_metadata(
-        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), "gitlab_tables": gitlab_tables,
+        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), **gitlab_tables,
          **begun.metadata}
     )
     return StuckExportPlan(begun, grace_cutoff, config.chunk_size, candidates)
@@ -81,7 +81,7 @@ def fail_stuck_export_jobs(
     # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
     # Redis errors do), and the next hour's run picks up.
     return service.mark_stuck_jobs_as_failed(
-        gitlab_db.engine, gitlab_db.schema, gitlab_redis.queues,
+        gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.queues,
         grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
         max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
     )
