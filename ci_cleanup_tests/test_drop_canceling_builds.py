@@ -237,6 +237,31 @@ def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
     assert report["errors"] == [f"build {bad}: row is broken"]
 
 
+def test_created_at_in_bc_at_minus_infinity_or_in_year_1_is_dropped_or_reported_in_a_run_and_a_dry_run(
+    stack, engine, redis_client
+):
+    """A BC date cannot be a Python datetime: the builds are read by id only, never by their timestamps, also when
+    a batch the database refuses is taken build by build, and in a dry run's list."""
+    odd = {value: create(engine, "ci_builds", created_at=text(f"'{value}'::timestamp"),
+                         updated_at=text(f"'{value}'::timestamp"))
+           for value in ("0044-03-15 12:00:00 BC", "-infinity", "0001-01-01 00:00:00")}
+    refused = outdated(engine)
+
+    dry = run_job(drop_canceling_builds, stack, dry_run=True)
+
+    in_created_at_order = [odd["-infinity"], odd["0044-03-15 12:00:00 BC"], odd["0001-01-01 00:00:00"], refused]
+    assert op_metadata(dry, "report_dropped_builds")["would_drop_ids"] == in_created_at_order
+    with updates_refused(engine, "p_ci_builds", f"NEW.id = {refused} AND NEW.failure_reason = 3"):
+        result = run_job(drop_canceling_builds, stack)
+
+    with on(engine, "ci_builds").connect() as conn:
+        assert conn.execute(text("SELECT id, status, failure_reason FROM p_ci_builds ORDER BY id")).all() == [
+            *[(build_id, "failed", 3) for build_id in odd.values()], (refused, "failed", 12)]
+    report = op_metadata(result, "report_dropped_builds")
+    assert (report["dropped_count"], report["doomed_count"], report["rows_with_errors"]) == (3, 1, 1)
+    assert report["errors"] == [f"build {refused}: row is broken"]
+
+
 @pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])
 def test_session_time_zone_does_not_change_the_result(stack, engine, redis_client, zone):
     kept = create(engine, "ci_builds", created_at=naive_ago(minutes=50), updated_at=naive_ago(minutes=50))

@@ -56,6 +56,12 @@ def report(result) -> dict:
     return op_metadata(result, "report_auto_stop")
 
 
+def failure_metadata(result) -> dict:
+    """The metadata of the run's failure (a ``dagster.Failure`` raised with the run's totals), as plain values."""
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    return {k: v.value for k, v in failure.step_failure_data.user_failure_data.metadata.items()}
+
+
 def near_now(value: dt.datetime) -> bool:
     return abs(value - naive_ago()) < dt.timedelta(minutes=1)
 
@@ -536,4 +542,36 @@ def test_odd_auto_stop_at_the_database_refuses_to_stop_is_reported_and_the_other
     meta = report(result)
     assert (meta["stopped_count"], meta["rows_with_errors"], meta["failed_ids"]) == (3, 1, [refused])
     assert meta["errors"] == [f"environment {refused}: environment is broken"]
+    scratch.dispose()
+
+
+def test_without_gitlabs_unique_index_on_pending_builds_the_run_fails_naming_it_and_stops_the_others(
+    stack, scratch_database, redis_client
+):
+    """Playing a stop action puts it in GitLab's queue, ``ON CONFLICT (build_id)``: only possible on GitLab's unique
+    index. Its absence once failed every batch and tagged every environment as an error."""
+    scratch = gitlab_database(scratch_database, "DROP INDEX index_ci_pending_builds_on_build_id")
+    plain = environment(scratch)
+    app, stop = review_app(scratch)
+    kept = environment(scratch, auto_stop_setting=1)
+    app_before, kept_before = row(scratch, "environments", app), row(scratch, "environments", kept)
+    stop_before = row(scratch, "ci_builds", stop)
+
+    result = run_job(environments_auto_stop, stack, database_url=scratch_database, raise_on_error=False)
+
+    assert not result.success
+    message = step_failure_message(result)
+    assert "ci_pending_builds" in message and "index_ci_pending_builds_on_build_id" in message
+    assert "environments with stop actions left available, their stop actions not played: 1" in message
+    found = op_metadata(result, CONFIG)  # known at start, before anything is written
+    assert found["missing_index"] == "index_ci_pending_builds_on_build_id (UNIQUE, ci_pending_builds.build_id)"
+    assert_stopped(scratch, plain)
+    assert (row(scratch, "environments", app), row(scratch, "environments", kept)) == (app_before, kept_before)
+    assert row(scratch, "ci_builds", stop) == stop_before  # not played
+    assert ids(scratch, "ci_pending_builds") == []
+    meta = failure_metadata(result)
+    assert (meta["stopped_ids"], meta["not_played_ids"], meta["failed_ids"], meta["rows_with_errors"]) == (
+        [plain], [app], [], 0)
+    assert (meta["rows_changed"], meta["left_untouched_count"]) == (1, 1)
+    assert redis_client.exists(LEASE) == 0
     scratch.dispose()

@@ -576,6 +576,75 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     assert ids(engine, "ci_deleted_objects") == []
 
 
+# --- every job: each counted candidate is changed or reported, whatever its timestamps ------------------
+
+# BC, '-infinity' (before any date) and year 1 ("year -1" for Python when read west of UTC): storable in GitLab's
+# columns, out of Python's datetime range. A job that read them as datetimes failed every run, or stepped over them.
+ODD_TIMES = ("0044-03-15 12:00:00+00 BC", "-infinity", "0001-01-01 00:00:00+00")
+
+
+def timestamp(value: str):
+    return cast(literal(value), TIMESTAMP())  # GitLab's `timestamp without time zone` columns (UTC)
+
+
+# Per job: a candidate with every timestamp the rule reads at ``value``; the ids of the rows processed (SQL);
+# where the first op counts the candidates (a dry run's count for the bulk delete) and the report their changes.
+ODD_CANDIDATES = {
+    "drop_canceling_builds": (
+        lambda engine, value: create(engine, "ci_builds", created_at=timestamp(value), updated_at=timestamp(value)),
+        "SELECT id FROM p_ci_builds WHERE status = 'failed' AND failure_reason = 3",
+        ("find_canceling_builds", "candidates"), "dropped_count",
+    ),
+    "stale_runner_machines_cleanup": (
+        lambda engine, value: create(engine, "ci_runner_machines", created_at=timestamptz(value),
+                                     contacted_at=timestamptz(value)),
+        "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
+        "WHERE id NOT IN (SELECT id FROM ci_runner_machines)",  # deleted
+        ("find_stale_runner_machines", "stale_runner_machines"), "total_deleted",
+    ),
+    "stuck_export_jobs": (
+        lambda engine, value: create(engine, "project_export_jobs", status=1, jid=f"jid-{time.monotonic_ns()}",
+                                     created_at=timestamptz(value), updated_at=timestamptz(value)),
+        "SELECT id FROM project_export_jobs WHERE status = 3",
+        ("find_enqueued_export_jobs", "candidates"), "failed_jobs_count",
+    ),
+    "environments_auto_stop": (
+        lambda engine, value: create(engine, "environments", auto_stop_at=timestamptz(value), auto_stop_setting=0),
+        "SELECT id FROM environments WHERE state = 'stopped' AND auto_stop_at IS NULL",
+        ("find_auto_stoppable_environments", "candidates"), "stopped_count",
+    ),
+    "schedule_bulk_delete_job_artifacts": (
+        lambda engine, value: create(engine, "ci_job_artifacts", project_id=10, job_id=1000, locked=0,
+                                     expire_at=timestamptz(value)),
+        "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
+        "WHERE id NOT IN (SELECT id FROM p_ci_job_artifacts)",  # deleted
+        ("report_bulk_delete", "would_delete_count"), "destroyed_job_artifacts_count",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_CANDIDATES))
+def test_every_counted_candidate_is_changed_whatever_its_timestamps_in_a_session_west_of_utc(faults, db, name):
+    """The rule for every job: a candidate it counts is changed, or reported (``rows_with_errors``, alerted); a run
+    never ends green with one left untouched and unreported. Here nothing is refused, so each is changed."""
+    engine, _ = db
+    case, (make, processed, (count_op, count_key), changed_key) = CASES[name], ODD_CANDIDATES[name]
+    if name == "schedule_bulk_delete_job_artifacts":
+        enable_bulk_delete(engine)
+    made = [make(engine, value) for value in ODD_TIMES] + [make(engine, "2000-01-01 00:00:00+00")]
+    assert made == [1, 2, 3, 4]
+
+    dry = run_job(case.job, faults, database_url=in_new_york(faults), dry_run=True)
+    result = run_job(case.job, faults, database_url=in_new_york(faults))
+
+    assert dry.success and result.success
+    with engine.connect() as conn:
+        assert sorted(conn.scalars(text(processed))) == made
+    counted = op_metadata(dry if count_op == case.report_op else result, count_op)[count_key]
+    report = op_metadata(result, case.report_op)
+    assert (counted, report[changed_key], report.get("rows_with_errors", 0)) == (4, 4, 0)
+
+
 # --- bad input: config values ----------------------------------------------------------------------------
 
 BAD_CONFIG = {

@@ -105,7 +105,10 @@ def find_batch_query(schema: GitLabSchema, cutoff, limit, exclude) -> Select:
 
 
 def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude) -> list[Row]:
-    return conn.execute(find_batch_query(schema, cutoff, limit, exclude)).all()
+    """The next batch's ids, in its order. Its timestamps stay in the database: a BC ``created_at`` cannot be a
+    Python datetime, and the rows are only ever acted on by id."""
+    query = find_batch_query(schema, cutoff, limit, exclude)
+    return conn.execute(query.with_only_columns(query.selected_columns.id)).all()
 
 
 def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime) -> int:

@@ -6,11 +6,11 @@ find (schema check, lease, count) -> stop (the batches) -> report (metadata, lea
 import datetime as dt
 from dataclasses import dataclass
 
-from dagster import Config, OpExecutionContext, op
+from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
-from ..gitlab.schema import utc_now
+from ..gitlab.schema import missing_unique_index, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -41,6 +41,7 @@ class AutoStopPlan:
     max_loops: int
     max_runtime_minutes: int
     candidates: int
+    missing_index: str | None = None  # GitLab's index that playing stop actions needs, when the database lacks it
 
 
 @op
@@ -49,15 +50,28 @@ def find_auto_stoppable_environments(
     gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis, run_options: RunOptions,
 ) -> AutoStopPlan:
     """Check the schema, take the lease (skip if held, as GitLab does) and count the environments past
-    auto_stop_at."""
+    auto_stop_at.
+
+    Without GitLab's unique index on ci_pending_builds (build_id) no stop action can be queued, but environments
+    without stop actions need no queue: they are still stopped, and the run fails at its end naming the index
+    (rather than every batch failing and every environment reported as an error).
+    """
     schema = gitlab_db.schema
     gitlab_tables = gitlab_db.require([schema.environments, schema.deployments, schema.ci_builds,
                                        schema.ci_pending_builds])
+    with gitlab_db.engine_for(schema.ci_pending_builds).connect() as conn:
+        missing_index = missing_unique_index(conn, schema.ci_pending_builds, "build_id", service.PENDING_BUILDS_INDEX)
     with gitlab_db.engine_for(schema.environments).connect() as conn:
         candidates = service.count_auto_stoppable(conn, schema, utc_now())
+    found = {"candidates": candidates, **gitlab_tables}
+    if missing_index:
+        found["missing_index"] = missing_index
+        context.log.error(f"The database lacks GitLab's {missing_index}: stop actions will not be played")
     begun = start(context, run_options, LEASE, gitlab_redis)
-    context.add_output_metadata({"candidates": candidates, **gitlab_tables, **begun.metadata})
-    return AutoStopPlan(begun, config.batch_size, config.max_loops, config.max_runtime_minutes, candidates)
+    context.add_output_metadata({**found, **begun.metadata})
+    return AutoStopPlan(
+        begun, config.batch_size, config.max_loops, config.max_runtime_minutes, candidates, missing_index
+    )
 
 
 @op
@@ -95,7 +109,8 @@ def stop_environments(
             gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.engine_for(gitlab_db.schema.ci_builds),
             gitlab_db.schema,
             batch_size=plan.batch_size, max_loops=plan.max_loops,
-            max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run, max_ids=MAX_IDS_REPORTED,
+            max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run,
+            play_stop_actions=plan.missing_index is None, max_ids=MAX_IDS_REPORTED,
             on_batch=on_batch, report_error=report_error,
         )
 
@@ -104,28 +119,30 @@ def stop_environments(
 def report_auto_stop(
     context: OpExecutionContext, plan: AutoStopPlan, result: service.AutoStopResult, gitlab_redis: GitLabRedis
 ) -> None:
-    """Give the lease back and put the run's totals on it."""
+    """Give the lease back and put the run's totals on it; fail the run if the database lacks GitLab's index."""
     ran = plan.start.runs
     counts = result.counts if ran else {o: 0 for o in result.counts}
+    totals = {
+        ROWS_CHANGED: result.rows_changed if ran else 0,
+        "stopped_count": counts[service.STOPPED],
+        "stopping_count": counts[service.STOPPING],
+        # with_action environments without stop actions, and those restarted or stopped meanwhile
+        "left_untouched_count": counts[service.LEFT_UNTOUCHED] + counts[service.CHANGED_CONCURRENTLY],
+        "changed_concurrently_count": counts[service.CHANGED_CONCURRENTLY],
+        "failed_count": counts[service.FAILED],
+        ROWS_WITH_ERRORS: counts[service.FAILED],
+        "not_played_count": counts[service.NOT_PLAYED],
+        "not_played_ids": result.ids.get(service.NOT_PLAYED, []) if ran else [],
+        "stop_actions_started": result.stop_actions_started if ran else 0,
+        "loops": result.loops,
+        "limit_reached": result.limit_reached,
+        "stopped_ids": result.ids.get(service.STOPPED, []) if ran else [],
+        "stopping_ids": result.ids.get(service.STOPPING, []) if ran else [],
+        "failed_ids": result.ids.get(service.FAILED, []),
+        "errors": [f"environment {env_id}: {error}" for env_id, error in result.errors],
+    }
     finish(
-        context, plan.start,
-        {
-            ROWS_CHANGED: result.rows_changed if ran else 0,
-            "stopped_count": counts[service.STOPPED],
-            "stopping_count": counts[service.STOPPING],
-            # with_action environments without stop actions, and those restarted or stopped meanwhile
-            "left_untouched_count": counts[service.LEFT_UNTOUCHED] + counts[service.CHANGED_CONCURRENTLY],
-            "changed_concurrently_count": counts[service.CHANGED_CONCURRENTLY],
-            "failed_count": counts[service.FAILED],
-            ROWS_WITH_ERRORS: counts[service.FAILED],
-            "stop_actions_started": result.stop_actions_started if ran else 0,
-            "loops": result.loops,
-            "limit_reached": result.limit_reached,
-            "stopped_ids": result.ids.get(service.STOPPED, []) if ran else [],
-            "stopping_ids": result.ids.get(service.STOPPING, []) if ran else [],
-            "failed_ids": result.ids.get(service.FAILED, []),
-            "errors": [f"environment {env_id}: {error}" for env_id, error in result.errors],
-        },
+        context, plan.start, totals,
         would={
             "would_stop_count": result.counts[service.STOPPED],
             "would_set_stopping_count": result.counts[service.STOPPING],
@@ -138,6 +155,14 @@ def report_auto_stop(
         },
         lease=LEASE, gitlab_redis=gitlab_redis,
     )
+    if plan.missing_index and plan.start.mode is not RunMode.SKIPPED:
+        raise Failure(
+            description=f"The database lacks GitLab's {plan.missing_index}, which queueing a played stop action "
+            f"needs; environments with stop actions left available, their stop actions not played: "
+            f"{result.counts[service.NOT_PLAYED]}; the others were processed. Restore the index (GitLab's "
+            "db/structure.sql) and run again.",
+            metadata=totals,
+        )
 
 
 environments_auto_stop, environments_auto_stop_schedule = batch_job(

@@ -77,7 +77,11 @@ STOPPING = "stopping"  # stop actions found (and the manual ones played)
 LEFT_UNTOUCHED = "left_untouched"  # no stop actions, auto_stop_setting with_action
 CHANGED_CONCURRENTLY = "changed_concurrently"  # no longer auto-stoppable when we came to write
 FAILED = "failed"
-OUTCOMES = (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED)
+# Stop actions found, but not played and left available: the database lacks GitLab's unique index on
+# ci_pending_builds (build_id), which queueing them needs (``play_stop_actions=False``); the run fails naming it.
+NOT_PLAYED = "not_played"
+OUTCOMES = (STOPPED, STOPPING, LEFT_UNTOUCHED, CHANGED_CONCURRENTLY, FAILED, NOT_PLAYED)
+PENDING_BUILDS_INDEX = "index_ci_pending_builds_on_build_id"  # GitLab's unique index the queue's upsert relies on
 
 
 @dataclass
@@ -303,10 +307,11 @@ def _stop_actions(
         return {r.environment_id: r for r in ci.execute(stop_actions_statement(schema, dry_run=dry_run), params)}
 
 
-def _planned(env: Row, actions: dict[int, Row]) -> str:
-    """``stop_with_actions!``: stop actions -> ``stopping``; none and ``always`` -> ``stopped``; else nothing."""
+def _planned(env: Row, actions: dict[int, Row], play: bool) -> str:
+    """``stop_with_actions!``: stop actions -> ``stopping`` (``not_played`` when they cannot be played); none and
+    ``always`` -> ``stopped``; else nothing."""
     if env.id in actions:
-        return STOPPING
+        return STOPPING if play else NOT_PLAYED
     return STOPPED if env.auto_stop_setting == AUTO_STOP_ALWAYS else LEFT_UNTOUCHED
 
 
@@ -317,7 +322,8 @@ def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan
         "stopped_ids": [i for i, o in plan.items() if o == STOPPED],
     }
     written = {r.id: r.outcome for r in main.execute(state_statement(schema), params)}
-    return {i: written.get(i, LEFT_UNTOUCHED if o == LEFT_UNTOUCHED else CHANGED_CONCURRENTLY) for i, o in plan.items()}
+    unwritten = (LEFT_UNTOUCHED, NOT_PLAYED)  # planned so: nothing to write
+    return {i: written.get(i, o if o in unwritten else CHANGED_CONCURRENTLY) for i, o in plan.items()}
 
 
 def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_error) -> None:
@@ -330,7 +336,7 @@ def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_
 
 def stop_picked(
     main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], *,
-    dry_run: bool = False, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
+    dry_run: bool = False, play: bool = True, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
 ) -> BatchOutcome:
     """Stop the environments ``picked`` (locked in ``main``'s open transaction), as ``stop_with_actions!`` does.
 
@@ -339,22 +345,24 @@ def stop_picked(
     two commits leaves the environments available and their actions ``pending``: the next run picks them again,
     plays nothing more and writes their state, so nothing is lost or done twice. What a database refuses for the
     batch is done environment by environment (``ci`` in its own transactions, ``main`` under savepoints); an
-    environment refused is reported (``failed``) and left available.
+    environment refused is reported (``failed``) and left available. ``play=False``: the stop actions are only
+    looked up (as in a dry run), and their environments left ``not_played``.
     """
     batch = BatchOutcome()
+    look_only = dry_run or not play
     try:
-        actions = _stop_actions(ci, schema, now, picked, dry_run)
+        actions = _stop_actions(ci, schema, now, picked, look_only)
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
         actions = {}
         for env in list(picked):
             try:
-                actions.update(_stop_actions(ci, schema, now, [env], dry_run))
+                actions.update(_stop_actions(ci, schema, now, [env], look_only))
             except DBAPIError as error:
                 _failed(batch, env.id, error, report_error)
                 picked = [p for p in picked if p.id != env.id]
-    plan = {env.id: _planned(env, actions) for env in picked}
+    plan = {env.id: _planned(env, actions, play) for env in picked}
     if dry_run:
         outcomes = plan
     else:
@@ -373,21 +381,22 @@ def stop_picked(
                     _failed(batch, env_id, error, report_error)
     for env_id, outcome in outcomes.items():
         batch.ids[outcome].append(env_id)
-    for env_actions in actions.values():
-        batch.stop_actions_started += env_actions.played or []
+    if play:
+        for env_actions in actions.values():
+            batch.stop_actions_started += env_actions.played or []
     return batch
 
 
 def stop_next_batch(
     main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, after: tuple, limit: int, *,
-    dry_run: bool = False, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
+    dry_run: bool = False, play: bool = True, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
 ) -> tuple[BatchOutcome, tuple | None]:
     """The next batch: picked (and locked) in ``main``, stopped by :func:`stop_picked`, committed; with the cursor
     after it (None: no more)."""
     params = {"now": now, "after_at": after[0], "after_id": after[1], "limit": limit}
     with main.begin():
         picked = main.execute(pick_statement(schema, lock=not dry_run), params).all()
-        batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, report_error=report_error)
+        batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error)
     return batch, _cursor(picked)
 
 
@@ -413,13 +422,17 @@ def auto_stop_environments(
     max_loops: int = LOOP_LIMIT,
     max_runtime: dt.timedelta = LOOP_TIMEOUT,
     dry_run: bool = False,
+    play_stop_actions: bool = True,
     max_ids: int = 1000,
     on_batch: Callable[[BatchOutcome], None] = lambda batch: None,
     report_error: Callable[[int, BaseException], None] = lambda environment_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
     clock: Callable[[], float] = time.monotonic,
 ) -> AutoStopResult:
-    """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here."""
+    """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here.
+
+    ``play_stop_actions=False``: environments with stop actions are left (``not_played``), the others stopped.
+    """
     result = AutoStopResult()
     started, cursor = clock(), START
     # One connection to each database for the run; a transaction per batch in each.
@@ -432,7 +445,8 @@ def auto_stop_environments(
                 result.limit_reached = "time"
                 return result
             batch, after = stop_next_batch(
-                main_conn, ci_conn, schema, now(), cursor, batch_size, dry_run=dry_run, report_error=report_error
+                main_conn, ci_conn, schema, now(), cursor, batch_size, dry_run=dry_run, play=play_stop_actions,
+                report_error=report_error,
             )
             if after is None:
                 return result

@@ -485,3 +485,16 @@ def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
             + ", ".join(problems)
         )
     return [table.name for table in tables]
+
+
+def missing_unique_index(conn: Connection, table: Table, column: str, gitlab_name: str) -> str | None:
+    """None when ``table (column)`` is unique as GitLab's index ``gitlab_name`` makes it (any whole, unique index or
+    constraint on that column alone, which ``ON CONFLICT (column)`` needs), else what is missing, to be named."""
+    inspector = inspect(conn)
+    unique = [
+        i["column_names"] for i in inspector.get_indexes(table.name)
+        if i["unique"] and not i.get("dialect_options", {}).get("postgresql_where")
+    ]
+    unique += [c["column_names"] for c in inspector.get_unique_constraints(table.name)]
+    unique.append(inspector.get_pk_constraint(table.name)["constrained_columns"])
+    return None if [column] in unique else f"{gitlab_name} (UNIQUE, {table.name}.{column})"
