@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -205,7 +207,16 @@ def _named(server: str | None, error: Exception) -> Exception:
     if isinstance(error, redis.ResponseError) and not isinstance(error, redis.exceptions.ClusterError):
         advice = _refusal(error)
         return RedisRefused(f"{server} refused a write: {advice} ({error})") if advice else error
-    return RedisUnavailable(f"Lost {server}: {error}")
+    return RedisUnavailable(f"Lost {server}: {_reason(error)}")
+
+
+def _reason(error: Exception) -> str:
+    """redis-py's text, but a Sentinel's "No master found" without the repr of every sentinel's client."""
+    text = str(error)
+    if isinstance(error, redis.sentinel.MasterNotFoundError) and " : " in text:
+        kinds = re.findall(r" - \w+:(\w+)", text)
+        return text.split(" : ", 1)[0] + (f" (the sentinels answered: {', '.join(kinds)})" if kinds else "")
+    return text
 
 
 # What a client names in its errors: a connection lost, a server that refused, a cluster that cannot answer.
@@ -272,9 +283,44 @@ class _NamedRedisCluster(redis.cluster.RedisCluster):
 
 # A Sentinel set's client waits this long for a failover (Sentinel's down-after-milliseconds, then the election
 # and promotion: 10-20 s on Omnibus' defaults) before a command fails naming the store: the work carries on
-# against the promoted replica. About 35 s: 40 tries, 0.1 s doubling up to 1 s apart.
-FAILOVER_RETRIES, FAILOVER_BACKOFF_CAP, FAILOVER_BACKOFF_BASE = 40, 1.0, 0.1
+# against the promoted replica.
+FAILOVER_SECONDS = 35.0
 _TIMEOUTS = dict(socket_timeout=10, socket_connect_timeout=5)
+
+
+class _FailoverRetry(redis.retry.Retry):
+    """Connection errors tried again for ``seconds`` (0.1 s doubling up to 1 s apart), once per command.
+
+    redis-py calls the same retry for the command and, inside it, for the (re)connection that asks the sentinels
+    where the primary is: the inner call tries once, so the waits do not multiply. A refused password is never
+    tried again.
+    """
+
+    def __init__(self, seconds: float):
+        super().__init__(redis.backoff.ExponentialBackoff(cap=1.0, base=0.1), -1)
+        self.seconds, self._active = seconds, threading.local()
+
+    def __deepcopy__(self, memo):
+        return _FailoverRetry(self.seconds)
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        if getattr(self._active, "on", False):
+            return do()
+        self._active.on, failures, deadline = True, 0, time.monotonic() + self.seconds
+        try:
+            while True:
+                try:
+                    return do()
+                except self._supported_errors as error:
+                    if isinstance(error, redis.AuthenticationError) or (is_retryable and not is_retryable(error)):
+                        raise
+                    failures += 1
+                    fail(error, failures) if with_failure_count else fail(error)
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(self._backoff.compute(failures))
+        finally:
+            self._active.on = False
 
 
 def _unparsable(what: str) -> ServiceUnavailable:
@@ -285,7 +331,7 @@ def _unparsable(what: str) -> ServiceUnavailable:
     )
 
 
-def _connect(config: StoreConfig):
+def _connect(config: StoreConfig, failover_seconds: float):
     """A client of the store's shape: one server, the master of a Sentinel set, or a Redis Cluster."""
     if config.shape == "cluster":
         nodes = [redis.cluster.ClusterNode(host, port) for host, port in config.cluster]
@@ -294,11 +340,10 @@ def _connect(config: StoreConfig):
     if config.shape == "sentinel":
         sentinel = redis.sentinel.Sentinel(
             config.sentinels,
-            sentinel_kwargs=dict(username=config.sentinel_username, password=config.sentinel_password, **_TIMEOUTS),
+            sentinel_kwargs=dict(username=config.sentinel_username, password=config.sentinel_password, **_TIMEOUTS,
+                                 retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0)),  # the failover retry's job
         )
-        retry = redis.retry.Retry(
-            redis.backoff.ExponentialBackoff(cap=FAILOVER_BACKOFF_CAP, base=FAILOVER_BACKOFF_BASE), FAILOVER_RETRIES
-        )
+        retry = _FailoverRetry(failover_seconds)
         client = sentinel.master_for(
             config.master_name, redis_class=_NamedRedis, username=config.username, password=config.password,
             db=config.db, ssl=config.ssl, retry=retry, health_check_interval=30, **_TIMEOUTS,
@@ -308,21 +353,24 @@ def _connect(config: StoreConfig):
     return _NamedRedis.from_url(config.url, health_check_interval=30, **_TIMEOUTS)
 
 
-def store_client(config: StoreConfig):
-    """The store's client, checked with a PING; errors name the store and where it is, never a password."""
+def store_client(config: StoreConfig, failover_seconds: float = FAILOVER_SECONDS):
+    """The store's client, checked with a PING; errors name the store and where it is, never a password.
+
+    A Sentinel set's client waits up to ``failover_seconds`` for a primary (:class:`_FailoverRetry`).
+    """
     if config.shape == "url" and config.shown() == UNSHOWN_URL:
         raise _unparsable(config.label)
     try:
-        client = _connect(config)
+        client = _connect(config, failover_seconds)
     except ValueError:
         raise _unparsable(config.label) from None
     except (redis.RedisError, redis.exceptions.RedisClusterException) as e:  # a cluster asks its nodes at once
-        raise ServiceUnavailable(f"Cannot reach {config.where}: {e}") from None
+        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
     try:
         client.ping()
     except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as e:
         close_client(client)
-        raise ServiceUnavailable(f"Cannot reach {config.where}: {e}") from None
+        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
     client.server = config.where
     return client
 
