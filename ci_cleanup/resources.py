@@ -383,11 +383,7 @@ def close_client(client) -> None:
 
 def _redis_client(url: str, what: str) -> redis.Redis:
     """A client of one Redis URL, named ``what`` in its errors (the CLI's seed and start-up checks)."""
-    source = what[what.find("(") + 1:what.rfind(")")] if "(" in what else what
-    config = StoreConfig(store=DEFAULT, source=source, url=url)
-    client = store_client(config)
-    client.server = f"{what} at {config.shown()}"
-    return client
+    return store_client(StoreConfig(store=DEFAULT, source=what, url=url, named=what))
 
 
 class GitLabRedis(ConfigurableResource):

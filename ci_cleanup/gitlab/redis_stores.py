@@ -100,6 +100,7 @@ class StoreConfig:
     ssl: bool = False
     sentinel_username: str | None = field(default=None, repr=False)
     sentinel_password: str | None = field(default=None, repr=False)
+    named: str | None = None  # what errors call it, when the caller knows better (the CLI's "the embedded Redis")
 
     @property
     def shape(self) -> str:
@@ -108,6 +109,8 @@ class StoreConfig:
     @property
     def label(self) -> str:
         """What errors call it: ``Redis (CI_CLEANUP_REDIS_URL)``, ``GitLab's shared_state Redis (<file> …)``."""
+        if self.named is not None:
+            return self.named
         kind = {"sentinel": ", Sentinel", "cluster": ", Cluster"}.get(self.shape, "")
         name = _LABELS.get(self.store, f"GitLab's {self.store} Redis")
         return f"{name} ({self.source}{kind})"
