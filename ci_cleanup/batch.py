@@ -96,11 +96,14 @@ class Lease:
 
     def keeper(self, context: OpExecutionContext, gitlab_redis: GitLabRedis) -> Callable[[], None]:
         """Called after each batch: renews the lease, or stops the run if another process has it now."""
-        lease = self.of_run(context, gitlab_redis.shared_state)
+        lease = self.of_run(context, gitlab_redis.leases)
+        where = getattr(lease.client, "server", None) or "Redis"
 
         def renew() -> None:
             if not lease.renew():
-                raise RuntimeError(f"Lost lease {self.key} mid-run; stopping so that two runs never work at once")
+                raise RuntimeError(
+                    f"Lost lease {self.key} in {where} mid-run; stopping so that two runs never work at once"
+                )
 
         return renew
 
@@ -112,7 +115,7 @@ class Lease:
             required_resource_keys={"gitlab_redis"},
         )
         def _release(context: HookContext) -> None:
-            if self.of_run(context, context.resources.gitlab_redis.shared_state).cancel():
+            if self.of_run(context, context.resources.gitlab_redis.leases).cancel():
                 context.log.info(f"Released lease {self.key} after the failure")
 
         return _release
@@ -123,19 +126,20 @@ def start(
     gitlab_redis: GitLabRedis | None = None,
 ) -> Start:
     """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
+    store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
         context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
         context.log.info("Dry run: finding what would change, writing nothing")
-        return Start(RunMode.DRY_RUN)
+        return Start(RunMode.DRY_RUN, details=store)
     if lease is None:
         return Start(RunMode.RUN)
-    held = lease.of_run(context, gitlab_redis.shared_state)
+    held = lease.of_run(context, gitlab_redis.leases)
     if lease.obtain(held):
-        return Start(RunMode.RUN)
-    return _skip_for_held_lease(context, held)
+        return Start(RunMode.RUN, details=store)
+    return _skip_for_held_lease(context, held, store)
 
 
-def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease) -> Start:
+def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, store: Mapping[str, str]) -> Start:
     """Tagged, so that a lease that never expires (no TTL, e.g. set by hand) or a job skipped run after run is
     alerted (sensors.lease_held_alert), not silent."""
     ttl = lease.client.ttl(lease.redis_key)  # -1: the key has no expiry; -2: it went away meanwhile
@@ -145,7 +149,7 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease) -> 
         context.log.warning(f"Lease {lease.redis_key} has no TTL: it is never released by expiry, so every run skips")
     context.instance.add_run_tags(context.run_id, tags)
     context.log.info(f"Lease {lease.key} is held by another process; skipping as GitLab's worker does")
-    return Start(RunMode.SKIPPED, "lease held", {"lease_ttl_seconds": ttl})
+    return Start(RunMode.SKIPPED, "lease held", {"lease_ttl_seconds": ttl, **store})
 
 
 def finish(
@@ -156,7 +160,7 @@ def finish(
     """The last op's part: give the lease back, and report the run's totals with its status (``success``,
     ``dry run`` or ``skipped: …``) and, in a dry run, ``would``: what a run would change."""
     if lease is not None and begun.runs:
-        lease.of_run(context, gitlab_redis.shared_state).cancel()
+        lease.of_run(context, gitlab_redis.leases).cancel()
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
     report_run(context, {"status": status, **metadata, **dry}, tags)

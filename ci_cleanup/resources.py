@@ -9,18 +9,33 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import parse_qsl, quote, urlsplit
 
 import psycopg2.errors
 import redis
-from dagster import ConfigurableResource, EnvVar, InitResourceContext
+import redis.backoff
+import redis.cluster
+import redis.retry
+import redis.sentinel
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
+from .gitlab.config_files import database_urls
+from .gitlab.redis_stores import (  # noqa: F401  (redact_redis_url, UNSHOWN_URL: this module's API before them)
+    DEFAULT,
+    UNSHOWN_URL,
+    USES,
+    StoreConfig,
+    config_dir_from,
+    redact_redis_url,
+    resolve,
+)
 from .gitlab.schema import (
     CI_DATABASE,
     MAIN_DATABASE,
@@ -79,34 +94,6 @@ def database_url(url: str, variable: str = "CI_CLEANUP_DATABASE_URL"):
     return parsed
 
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]*)(:[0-9]+)?")
-UNSHOWN_URL = "<URL not shown: it cannot be parsed safely>"
-
-
-def redact_redis_url(url: str) -> str:
-    """The URL as it can be shown: any user or password as ``***``, query values other than ``db`` hidden.
-
-    A URL whose shape leaves any doubt where the credentials end (no ``scheme://``, an ``@`` or
-    ``#`` outside the user part, a host that is not a host name) is never echoed: a password
-    with a raw ``/``, ``?`` or ``#`` in it would land in the path, query or fragment.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return UNSHOWN_URL
-    if parts.scheme not in _REDIS_SCHEMES or not url.startswith(f"{parts.scheme}://") or "#" in url:
-        return UNSHOWN_URL
-    _, at, host = parts.netloc.rpartition("@")
-    if "@" in parts.path + parts.query or not _HOST_PORT.fullmatch(host):
-        return UNSHOWN_URL
-    if parts.scheme != "unix" and not re.fullmatch(r"(/[0-9]*)?", parts.path):
-        return UNSHOWN_URL
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = "&".join(f"{quote(k)}={v if k == 'db' and v.isdigit() else '***'}" for k, v in pairs)
-    return f"{parts.scheme}://{'***@' if at else ''}{host}{parts.path}{'?' if query else ''}{query}"
-
-
 CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
 _VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
 
@@ -128,13 +115,18 @@ class GitLabDatabase(ConfigurableResource):
     any other field can be set in the Launchpad without repeating a URL. Each database gets its own engine.
     """
 
-    url: str = Field(
-        default=EnvVar("CI_CLEANUP_DATABASE_URL"),
-        description="GitLab's main database: SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed",
+    url: str | None = Field(
+        default=None,
+        description="GitLab's main database: SQLAlchemy URL, postgresql+psycopg2://…; unix-socket hosts allowed. "
+        "Unset: env CI_CLEANUP_DATABASE_URL, else database.yml in CI_CLEANUP_GITLAB_CONFIG_DIR",
     )
     ci_url: str | None = Field(
         default=None,
-        description=f"GitLab's ci database when decomposed; unset: env {CI_DATABASE_ENV}, else the main database",
+        description=f"GitLab's ci database when decomposed; unset: env {CI_DATABASE_ENV}, else database.yml's ci:, "
+        "else the main database",
+    )
+    config_dir: str | None = Field(
+        default=None, description="GitLab's config folder (database.yml); unset: env CI_CLEANUP_GITLAB_CONFIG_DIR",
     )
     statement_timeout_seconds: int = Field(
         default=15, ge=1, le=600, description="Every statement's limit (GitLab.com applies 15 s)"
@@ -173,8 +165,19 @@ class GitLabDatabase(ConfigurableResource):
 
     @property
     def _urls(self) -> dict[str, str]:
-        ci_url = self.ci_url or os.environ.get(CI_DATABASE_ENV)
-        return {MAIN_DATABASE: self.url, **({CI_DATABASE: ci_url} if ci_url else {})}
+        """Each database's URL: the field, else its variable, else GitLab's database.yml (variables override it)."""
+        main = self.url or os.environ.get(_VARIABLES[MAIN_DATABASE])
+        ci = self.ci_url or os.environ.get(CI_DATABASE_ENV)
+        config_dir = self.config_dir or config_dir_from(os.environ)
+        if config_dir and not (main and ci):
+            from_files = database_urls(config_dir)
+            main, ci = main or from_files[0], ci or from_files[1]
+        if not main:
+            raise ServiceUnavailable(
+                "No GitLab database: set CI_CLEANUP_DATABASE_URL (and CI_CLEANUP_CI_DATABASE_URL when GitLab is "
+                "decomposed), or CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config folder (database.yml)"
+            )
+        return {MAIN_DATABASE: main, **({CI_DATABASE: ci} if ci else {})}
 
     @property
     def decomposed(self) -> bool:
@@ -309,10 +312,24 @@ def _refusal(error: redis.ResponseError) -> str | None:
 def _named(server: str | None, error: Exception) -> Exception:
     if server is None or isinstance(error, ServiceUnavailable):
         return error
-    if isinstance(error, redis.ResponseError):
+    if isinstance(error, redis.ResponseError) and not isinstance(error, redis.exceptions.ClusterError):
         advice = _refusal(error)
         return RedisRefused(f"{server} refused a write: {advice} ({error})") if advice else error
-    return RedisUnavailable(f"Lost {server}: {error}")
+    return RedisUnavailable(f"Lost {server}: {_reason(error)}")
+
+
+def _reason(error: Exception) -> str:
+    """redis-py's text, but a Sentinel's "No master found" without the repr of every sentinel's client."""
+    text = str(error)
+    if isinstance(error, redis.sentinel.MasterNotFoundError) and " : " in text:
+        kinds = re.findall(r" - \w+:(\w+)", text)
+        return text.split(" : ", 1)[0] + (f" (the sentinels answered: {', '.join(kinds)})" if kinds else "")
+    return text
+
+
+# What a client names in its errors: a connection lost, a server that refused, a cluster that cannot answer.
+_NAMED_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.ClusterError,
+                 redis.exceptions.RedisClusterException)
 
 
 class _NamedPipeline(redis.client.Pipeline):
@@ -321,7 +338,7 @@ class _NamedPipeline(redis.client.Pipeline):
     def execute(self, raise_on_error: bool = True):
         try:
             return super().execute(raise_on_error)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
+        except _NAMED_ERRORS as e:
             raise _named(self.server, e) from None
 
 
@@ -329,11 +346,12 @@ class _NamedRedis(redis.Redis):
     """redis-py says "Error 111 connecting to unix socket: …": name the server (never its password) instead."""
 
     server: str | None = None  # e.g. "Redis (CI_CLEANUP_REDIS_URL) at unix://…", set once the first PING went through
+    sentinel: redis.sentinel.Sentinel | None = None  # a Sentinel set's: its connections to the sentinels
 
     def execute_command(self, *args, **options):
         try:
             return super().execute_command(*args, **options)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
+        except _NAMED_ERRORS as e:
             raise _named(self.server, e) from None
 
     def pipeline(self, transaction=True, shard_hint=None) -> redis.client.Pipeline:
@@ -342,61 +360,217 @@ class _NamedRedis(redis.Redis):
         return pipe
 
 
-def _redis_client(url: str, what: str) -> redis.Redis:
-    shown = redact_redis_url(url)
+class _NamedClusterPipeline(redis.cluster.ClusterPipeline):
+    server: str | None = None
+
+    def execute(self, raise_on_error: bool = True):
+        try:
+            return super().execute(raise_on_error)
+        except _NAMED_ERRORS as e:
+            raise _named(self.server, e) from None
+
+
+class _NamedRedisCluster(redis.cluster.RedisCluster):
+    """A Redis Cluster (GitLab.com's ClusterSharedState): commands go to the slot's master, MOVED and ASK
+    redirections are followed by redis-py; errors name the cluster as :class:`_NamedRedis` names a server."""
+
+    server: str | None = None
+
+    def execute_command(self, *args, **kwargs):
+        try:
+            return super().execute_command(*args, **kwargs)
+        except _NAMED_ERRORS as e:
+            raise _named(self.server, e) from None
+
+    def pipeline(self, transaction=None, shard_hint=None):
+        pipe = super().pipeline(transaction=transaction, shard_hint=shard_hint)
+        pipe.__class__ = _NamedClusterPipeline
+        pipe.server = self.server
+        return pipe
+
+
+# A Sentinel set's client waits this long for a failover (Sentinel's down-after-milliseconds, then the election
+# and promotion: 10-20 s on Omnibus' defaults) before a command fails naming the store: the work carries on
+# against the promoted replica.
+FAILOVER_SECONDS = 35.0
+_TIMEOUTS = dict(socket_timeout=10, socket_connect_timeout=5)
+
+
+class _FailoverRetry(redis.retry.Retry):
+    """Connection errors tried again for ``seconds`` (0.1 s doubling up to 1 s apart), once per command.
+
+    redis-py calls the same retry for the command and, inside it, for the (re)connection that asks the sentinels
+    where the primary is: the inner call tries once, so the waits do not multiply. A refused password is never
+    tried again.
+    """
+
+    def __init__(self, seconds: float):
+        super().__init__(redis.backoff.ExponentialBackoff(cap=1.0, base=0.1), -1)
+        self.seconds, self._active = seconds, threading.local()
+
+    def __deepcopy__(self, memo):
+        return _FailoverRetry(self.seconds)
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        if getattr(self._active, "on", False):
+            return do()
+        self._active.on, failures, deadline = True, 0, time.monotonic() + self.seconds
+        try:
+            while True:
+                try:
+                    return do()
+                except self._supported_errors as error:
+                    if isinstance(error, redis.AuthenticationError) or (is_retryable and not is_retryable(error)):
+                        raise
+                    failures += 1
+                    fail(error, failures) if with_failure_count else fail(error)
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(self._backoff.compute(failures))
+        finally:
+            self._active.on = False
+
+
+def _unparsable(what: str) -> ServiceUnavailable:
     # redis-py's own errors for such a URL quote the piece it choked on, which may be part of the password.
-    unparsable = ServiceUnavailable(
+    return ServiceUnavailable(
         f"{what}: the URL cannot be parsed safely (not shown); percent-encode any '@', ':', '/', '?' or '#' "
         "in its password"
     )
-    if shown == UNSHOWN_URL:
-        raise unparsable
-    where = f"{what} at {shown}"
+
+
+def _connect(config: StoreConfig, failover_seconds: float):
+    """A client of the store's shape: one server, the master of a Sentinel set, or a Redis Cluster."""
+    if config.shape == "cluster":
+        nodes = [redis.cluster.ClusterNode(host, port) for host, port in config.cluster]
+        return _NamedRedisCluster(startup_nodes=nodes, username=config.username, password=config.password,
+                                  ssl=config.ssl, **_TIMEOUTS)
+    if config.shape == "sentinel":
+        sentinel = redis.sentinel.Sentinel(
+            config.sentinels,
+            sentinel_kwargs=dict(username=config.sentinel_username, password=config.sentinel_password, **_TIMEOUTS,
+                                 retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0)),  # the failover retry's job
+        )
+        retry = _FailoverRetry(failover_seconds)
+        client = sentinel.master_for(
+            config.master_name, redis_class=_NamedRedis, username=config.username, password=config.password,
+            db=config.db, ssl=config.ssl, retry=retry, health_check_interval=30, **_TIMEOUTS,
+        )
+        client.sentinel = sentinel
+        return client
+    return _NamedRedis.from_url(config.url, health_check_interval=30, **_TIMEOUTS)
+
+
+def store_client(config: StoreConfig, failover_seconds: float = FAILOVER_SECONDS):
+    """The store's client, checked with a PING; errors name the store and where it is, never a password.
+
+    A Sentinel set's client waits up to ``failover_seconds`` for a primary (:class:`_FailoverRetry`).
+    """
+    if config.shape == "url" and config.shown() == UNSHOWN_URL:
+        raise _unparsable(config.label)
     try:
-        client = _NamedRedis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+        client = _connect(config, failover_seconds)
     except ValueError:
-        raise unparsable from None
+        raise _unparsable(config.label) from None
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as e:  # a cluster asks its nodes at once
+        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
     try:
         client.ping()
-    except (redis.RedisError, ValueError) as e:
-        client.close()
-        raise ServiceUnavailable(f"Cannot reach {where}: {e}") from None
-    client.server = where
+    except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as e:
+        close_client(client)
+        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
+    client.server = config.where
     return client
 
 
+def close_client(client) -> None:
+    client.close()
+    for sentinel in getattr(getattr(client, "sentinel", None), "sentinels", ()):
+        sentinel.close()
+
+
+def _redis_client(url: str, what: str) -> redis.Redis:
+    """A client of one Redis URL, named ``what`` in its errors (the CLI's seed and start-up checks)."""
+    return store_client(StoreConfig(store=DEFAULT, source=what, url=url, named=what))
+
+
 class GitLabRedis(ConfigurableResource):
-    """GitLab's SharedState Redis (leases, buckets) and, optionally, its Sidekiq Redis (job status keys)."""
+    """GitLab's Redis stores, each use on the store GitLab keeps it in, falling back as GitLab's stores do:
+    leases in cluster_shared_state → shared_state → default, artifact buckets in shared_state → default, Sidekiq
+    statuses in queues_metadata → queues → default (the default store is GitLab's ``resque.yml``).
 
-    url: str = Field(
-        default=EnvVar("CI_CLEANUP_REDIS_URL"), description="redis://… or unix://… (GitLab's SharedState)"
+    Each store is read from its variables (``CI_CLEANUP_REDIS_<STORE>_URL`` …), else from GitLab's files in
+    ``config_dir`` (``CI_CLEANUP_GITLAB_CONFIG_DIR``); see :mod:`ci_cleanup.gitlab.redis_stores`. Variables are
+    read when a run starts, never copied into run config. Stores that are one server share one client.
+    """
+
+    url: str | None = Field(
+        default=None,
+        description="The default store (GitLab's resque.yml), redis://… or unix://…; unset: env CI_CLEANUP_REDIS_URL, "
+        "else the config folder's files",
     )
-    queues_url: str | None = Field(default=None, description="Sidekiq's Redis, if not the same server")
+    queues_url: str | None = Field(
+        default=None, description="GitLab's queues store (Sidekiq's Redis); unset: env CI_CLEANUP_REDIS_QUEUES_URL, "
+        "else the config folder's files, else the default store",
+    )
+    config_dir: str | None = Field(
+        default=None, description="GitLab's config folder (resque.yml, redis.yml, redis.<store>.yml); unset: env "
+        "CI_CLEANUP_GITLAB_CONFIG_DIR",
+    )
 
-    _shared_state: redis.Redis | None = PrivateAttr(default=None)
-    _queues: redis.Redis | None = PrivateAttr(default=None)
+    _configs: dict[str, StoreConfig] = PrivateAttr(default_factory=dict)
+    _clients: dict[str, object] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._shared_state = _redis_client(self.url, "Redis (CI_CLEANUP_REDIS_URL)")
-        self._queues = (
-            _redis_client(self.queues_url, "Sidekiq's Redis (CI_CLEANUP_REDIS_QUEUES_URL)")
-            if self.queues_url
-            else self._shared_state
-        )
+        self._configs = self.store_configs()
+        shared: dict[tuple, object] = {}
+        try:
+            for use, config in self._configs.items():
+                if config.identity not in shared:
+                    shared[config.identity] = store_client(config)
+                self._clients[use] = shared[config.identity]
+        except BaseException:
+            for client in shared.values():
+                close_client(client)
+            raise
+
+    def store_configs(self) -> dict[str, StoreConfig]:
+        """Each use's store settings (``USES``), resolved as a run would, without connecting."""
+        env = os.environ
+        overrides = {DEFAULT: self.url, "queues": self.queues_url}
+        config_dir = self.config_dir or config_dir_from(env)
+        try:
+            return {use: resolve(store, env, config_dir, overrides) for use, store in USES.items()}
+        except ValueError as e:  # ConfigFileError: one line naming the variable or the file and key
+            raise ServiceUnavailable(str(e)) from None
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        for client in {id(c): c for c in (self._shared_state, self._queues) if c is not None}.values():
-            client.close()
+        for client in {id(c): c for c in self._clients.values()}.values():
+            close_client(client)
+
+    def _client(self, use: str):
+        assert use in self._clients, "GitLabRedis used outside a run"
+        return self._clients[use]
 
     @property
-    def shared_state(self) -> redis.Redis:
-        assert self._shared_state is not None, "GitLabRedis used outside a run"
-        return self._shared_state
+    def leases(self) -> redis.Redis:
+        """``Gitlab::ExclusiveLease``'s store: cluster_shared_state, falling back to shared_state, then default."""
+        return self._client("leases")
 
     @property
-    def queues(self) -> redis.Redis:
-        assert self._queues is not None, "GitLabRedis used outside a run"
-        return self._queues
+    def artifact_buckets(self) -> redis.Redis:
+        """The artifact buckets' store: shared_state, falling back to default."""
+        return self._client("artifact_buckets")
+
+    @property
+    def sidekiq_status(self) -> redis.Redis:
+        """``Gitlab::SidekiqStatus``' store: queues_metadata, falling back to queues, then default."""
+        return self._client("sidekiq_status")
+
+    def store_used(self, use: str) -> dict[str, str]:
+        """For a run's metadata: ``{"redis_<use>": "<store> (<source>) at <where, no password>"}``."""
+        config = self._configs[use]
+        return {f"redis_{use}": f"{config.store}: {config.label} at {config.shown()}"}
 
 
 class RunOptions(ConfigurableResource):

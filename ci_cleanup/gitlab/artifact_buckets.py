@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import redis
 
+STORE = "shared_state"  # GitLab's store for the buckets (Gitlab::Redis::SharedState; falls back to resque.yml)
 AVAILABLE_KEY = "{bulk_delete_expired_job_artifacts}:available_buckets"
 OCCUPIED_KEY = "{bulk_delete_expired_job_artifacts}:occupied_buckets"
 STALE_AFTER = dt.timedelta(minutes=10)

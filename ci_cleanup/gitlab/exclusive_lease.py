@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import redis
 
 PREFIX = "gitlab:exclusive_lease:"
+# GitLab's store for leases (Gitlab::Redis::ClusterSharedState; it falls back to SharedState, then resque.yml).
+STORE = "cluster_shared_state"
 
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -39,7 +41,14 @@ class ExclusiveLease:
         return PREFIX + self.key
 
     def try_obtain(self) -> bool:
-        return bool(self.client.set(self.redis_key, self.uuid, nx=True, ex=self.ttl_seconds))
+        """``SET NX EX``; a key that already holds our uuid is ours too: a SET whose reply was lost (a failover, a
+        dropped connection) and that the client sent again."""
+        if self.client.set(self.redis_key, self.uuid, nx=True, ex=self.ttl_seconds):
+            return True
+        try:
+            return self.client.get(self.redis_key) == self.uuid.encode()
+        except redis.ResponseError:  # WRONGTYPE: a key of another type is never ours, and is left as it is
+            return False
 
     def renew(self) -> bool:
         return bool(self.client.eval(_RENEW, 1, self.redis_key, self.uuid, self.ttl_seconds))

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 import redis
 
 PREFIX = "gitlab-sidekiq-status:"
+# GitLab's store for the status keys: Gitlab::Redis::QueuesMetadata (falls back to Queues, then resque.yml). Older
+# GitLab kept them in Sidekiq's Redis (Queues), then in SharedState: see the README's "GitLab's Redis stores".
+STORE = "queues_metadata"
 
 
 def status_key(jid: str) -> str:

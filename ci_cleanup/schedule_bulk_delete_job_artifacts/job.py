@@ -108,17 +108,19 @@ def schedule_buckets(
         context.add_output_metadata({**gitlab_tables, **off.metadata})
         return BulkDeletePlan(off, **limits)
     if begun.mode is RunMode.DRY_RUN:
-        buckets = artifact_buckets.preview_schedule(gitlab_redis.shared_state, flags.max_buckets, now)
-        context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata})
+        buckets = artifact_buckets.preview_schedule(gitlab_redis.artifact_buckets, flags.max_buckets, now)
+        context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata,
+                                     **gitlab_redis.store_used("artifact_buckets")})
         return BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits)
-    buckets = artifact_buckets.schedule(gitlab_redis.shared_state, flags.max_buckets, now)
+    buckets = artifact_buckets.schedule(gitlab_redis.artifact_buckets, flags.max_buckets, now)
     if buckets.stray_count:
         context.log.warning(
             f"Retired {buckets.stray_count} stray members of {artifact_buckets.AVAILABLE_KEY} (not a bucket below "
             f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
         )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
-    context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata})
+    context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata,
+                                 **gitlab_redis.store_used("artifact_buckets")})
     return BulkDeletePlan(begun, buckets=buckets, **limits)
 
 
@@ -146,7 +148,7 @@ def run_bucket_workers(
     if not plan.start.runs:
         return []
     workers = plan.buckets.max_buckets
-    client, schema = gitlab_redis.shared_state, gitlab_db.schema
+    client, schema = gitlab_redis.artifact_buckets, gitlab_db.schema
     max_runtime = dt.timedelta(seconds=plan.max_runtime_seconds)
     # From the workers: (bucket, DeletedBatch) after each batch, then (bucket, WorkerResult or the error raised).
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()

@@ -80,8 +80,9 @@ def fail_stuck_export_jobs(
 
     # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
     # Redis errors do), and the next hour's run picks up.
+    context.add_output_metadata(gitlab_redis.store_used("sidekiq_status"))
     return service.mark_stuck_jobs_as_failed(
-        gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.queues,
+        gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
         grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
         max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
     )
