@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 
 from ci_cleanup.cli import dagster_pg_url
 from ci_cleanup.demo import seed
-from ci_cleanup.devstack import EmbeddedStack
+from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 
 from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
 from .test_code_location import WORK
@@ -354,7 +354,7 @@ def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_i
     import signal
     import urllib.request
 
-    (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML.read_text())
     port = free_port()
     bare = stack.url("dagster").replace("postgresql+psycopg2://", "postgresql://")
     process = subprocess.Popen(
