@@ -29,9 +29,14 @@ demo: $(VENV)/.installed
 dev: $(VENV)/.installed
 	$(BIN)/ci-cleanup dev $(ARGS)
 
+# Two workers (pytest-xdist), each with its own embedded stack: most of a test's time is a server or a Dagster
+# process starting, so two of them fill 2 cores. pytest's temporary folders go in one of ours, removed after.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest $(ARGS)
+	tmp=$$(mktemp -d -t ci_cleanup_pytest_XXXXXXXX) && \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --basetemp=$$tmp/basetemp $(ARGS); \
+	  status=$$?; rm -rf $$tmp; exit $$status
 
 # The virtualenv and build leftovers; the dev stack's data (.ci_cleanup_dev/) is kept.
 clean:

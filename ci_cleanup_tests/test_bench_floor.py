@@ -12,7 +12,7 @@ from sqlalchemy import text
 from ci_cleanup.bench import launched, seed
 from ci_cleanup.bench.floor import FLOORS, connect
 from ci_cleanup.bench.jobs import BY_NAME
-from ci_cleanup.devstack import REPO_ROOT
+from ci_cleanup.devstack import DAGSTER_YAML
 from ci_cleanup.gitlab import sidekiq_status
 from ci_cleanup.gitlab.schema import utc_now
 
@@ -140,7 +140,7 @@ def test_digest_sees_one_changed_value(bench_db, redis_client):
 def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
     """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
     url, engine = bench_db
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     env = {"CI_CLEANUP_DATABASE_URL": url, "CI_CLEANUP_REDIS_URL": stack.redis_url,
            "CI_CLEANUP_DAGSTER_PG_URL": stack.url("dagster"), "DAGSTER_HOME": str(tmp_path)}
     for name in ("CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME"):

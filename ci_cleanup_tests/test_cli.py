@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import redis
 from sqlalchemy import create_engine, inspect, text
@@ -13,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from ci_cleanup.cli import dagster_pg_url
 from ci_cleanup.demo import seed
-from ci_cleanup.devstack import EmbeddedStack
+from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 
 from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
 from .test_code_location import WORK
@@ -63,7 +64,7 @@ def test_schema_create_with_only_the_database_url_creates_the_schema_there(serve
     done = cli("schema", "create", data_dir=servers_dir / "schema_db", CI_CLEANUP_DATABASE_URL=scratch_database)
 
     assert done.returncode == 0, done.stdout + done.stderr
-    where = make_url(scratch_database).render_as_string(hide_password=True)
+    where = unquote(make_url(scratch_database).render_as_string(hide_password=True))  # socket folder as a path
     assert f"GitLab schema created in {where}" in done.stdout
     assert {"ci_builds", "ci_runner_machines", "environments"} <= set(tables_of(scratch_database))
     assert not (servers_dir / "schema_db").exists()  # no embedded stack was started
@@ -102,7 +103,7 @@ def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(s
 def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(servers_dir, scratch_database, stack):
     env = dict(CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=5")
     name = make_url(scratch_database).database
-    where = make_url(scratch_database).render_as_string(hide_password=True)
+    where = unquote(make_url(scratch_database).render_as_string(hide_password=True))  # socket folder as a path
     queues = redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
     queues.flushdb()
 
@@ -195,6 +196,18 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'")) == 10  # the recent ones
 
+    nothing_to_do = subprocess.run(
+        [".venv/bin/ci-cleanup", "run", "drop_canceling_builds", "--dry-run"],
+        env=clean_env(**env), capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+
+    assert nothing_to_do.returncode == 0, nothing_to_do.stdout + nothing_to_do.stderr
+    assert nothing_to_do.stdout.splitlines()[-3:] == [  # a dry run says what it would change, zeros included
+        "drop_canceling_builds                    ok     rows_changed=0",
+        "    status: dry run",
+        "    would_drop_count: 0",
+    ]
+
 
 def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_debug(servers_dir, stack):
     unreachable = "postgresql://gitlab:s3cr3t-pw@/gitlabhq_production?host=/nonexistent"
@@ -208,7 +221,7 @@ def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_de
     assert plain.returncode == 1 and plain.stdout == ""
     assert plain.stderr.splitlines() == [
         "ci-cleanup run: Cannot reach the GitLab database (PostgreSQL) at "
-        "postgresql+psycopg2://gitlab:***@/gitlabhq_production?host=%2Fnonexistent: connection to server on socket "
+        "postgresql+psycopg2://gitlab:***@/gitlabhq_production?host=/nonexistent: connection to server on socket "
         '"/nonexistent/.s.PGSQL.5432" failed: No such file or directory Is the server running locally and '
         "accepting connections on that socket?",
         "  Check that the server named above is up and that its URL is right "
@@ -354,7 +367,7 @@ def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_i
     import signal
     import urllib.request
 
-    (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML.read_text())
     port = free_port()
     bare = stack.url("dagster").replace("postgresql+psycopg2://", "postgresql://")
     process = subprocess.Popen(

@@ -93,7 +93,23 @@ def test_dagster_job_execute_works_with_only_the_two_env_vars(stack, engine, red
         assert conn.scalar(text(WORK[job_name])) != before
 
 
-def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_on_the_same_data(
+def _demo(data_dir, *args: str, **env) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo", *args],
+        env=clean_env(**env), capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert servers_of(data_dir) == []
+    return done
+
+
+def _counts(demo: subprocess.CompletedProcess) -> list[str]:
+    """What a demo printed after seeding, but the one clock reading (prune's oldest_kept: now, with no runs)."""
+    lines = demo.stdout.splitlines()
+    return [line for line in lines[lines.index("Seeded the demo GitLab dataset"):] if "oldest_kept" not in line]
+
+
+def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_reports_the_same_every_time(
     servers_dir, stack, scratch_database,
 ):
     data_dir = servers_dir / "demo"
@@ -101,27 +117,24 @@ def test_demo_runs_every_job_on_the_embedded_stack_and_stops_it_and_runs_again_o
     configured = dict(CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=7")
     configured_redis = redis.Redis.from_url(configured["CI_CLEANUP_REDIS_URL"])
     configured_redis.flushdb()
-    for _ in range(2):  # the second demo seeds more rows into the data the first one left
-        done = subprocess.run(
-            [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo"],
-            env=clean_env(**configured), capture_output=True, text=True, timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        for job in defs.resolve_all_job_defs():
-            if not job.name.startswith("__"):
-                assert f"{job.name:40} ok" in done.stdout
-        assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
-        assert servers_of(data_dir) == []
-    assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in done.stdout
-    assert "XDG_RUNTIME_DIR" not in done.stderr and "Traceback" not in done.stderr
 
-    dry = subprocess.run(
-        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo", "--dry-run"],
-        env=clean_env(**configured), capture_output=True, text=True, timeout=600,
-    )
+    first = _demo(data_dir, **configured)
+    dry = _demo(data_dir, "--dry-run", **configured)
+    again = _demo(data_dir, **configured)  # on the data the first one and the dry run left
 
-    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    would = {  # what each job would change in the third seed's rows (the first two demos changed theirs)
+    assert _counts(again) == _counts(first)
+    ran = [line.split()[0] for line in first.stdout.splitlines() if line.split()[1:2] == ["ok"]]
+    assert ran == [batch.name for batch in BATCHES]  # schedule_bulk_… queues the files delete_expired_… removes
+    assert "drop_canceling_builds                    ok     rows_changed=120" in first.stdout
+    removed = [int(line.split(": ")[1]) for line in first.stdout.splitlines() if line.startswith("    files_removed:")]
+    assert removed[0] > 0
+    assert "    size: 693.4 MiB" in first.stdout  # the deleted artifacts' bytes
+    assert "    limit_reached: none" in first.stdout and "    max_deletions_reached: false" in first.stdout
+    assert "%2F" not in first.stdout  # the socket folder as a path
+    assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in first.stdout
+    assert "XDG_RUNTIME_DIR" not in first.stderr and "Traceback" not in first.stderr
+
+    would = {  # what each job would change in the same seed's rows
         "drop_canceling_builds": "would_drop_count: 120",
         "stale_runner_machines_cleanup": "would_delete_count: 130",
         "stuck_export_jobs": "would_fail_count: 30",

@@ -15,7 +15,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 from sqlalchemy import text
 
 from ci_cleanup.alerts import WEBHOOK_ENV
-from ci_cleanup.devstack import REPO_ROOT
+from ci_cleanup.devstack import DAGSTER_YAML, REPO_ROOT
 from ci_cleanup.sensors import INTERVAL_ENV
 
 from .factories import ago, backend_waiting_on_lock, create, ids, naive_ago, row
@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 
 def test_daemon_launches_a_scheduled_run_that_drops_the_stuck_build(stack, engine, redis_client, tmp_path, monkeypatch):
     build_id = create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     env = clean_env(
         CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
         CI_CLEANUP_DAGSTER_PG_URL=stack.url("dagster"), DAGSTER_HOME=str(tmp_path),
@@ -116,7 +116,7 @@ def test_a_run_killed_with_its_whole_host_is_failed_and_alerted_and_the_jobs_nex
     ]
     home, log = tmp_path / "home", tmp_path / "daemon.log"
     home.mkdir()
-    config = (REPO_ROOT / "dagster.yaml").read_text()
+    config = DAGSTER_YAML.read_text()
     assert "poll_interval_seconds: 30" in config
     (home / "dagster.yaml").write_text(config.replace("poll_interval_seconds: 30", "poll_interval_seconds: 2"))
     env = clean_env(

@@ -25,7 +25,7 @@ from dagster._core.scheduler.instigation import TickStatus
 from sqlalchemy import create_engine, text
 
 from ci_cleanup.bench.prune import clone_runs
-from ci_cleanup.devstack import REPO_ROOT
+from ci_cleanup.devstack import DAGSTER_YAML
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
@@ -62,7 +62,7 @@ def dagster_db(stack):
 @pytest.fixture
 def instance(stack, dagster_db, tmp_path, monkeypatch):
     """The repo's dagster.yaml on the stack's ``dagster`` database, emptied before and after the test."""
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     monkeypatch.setenv("CI_CLEANUP_DAGSTER_PG_URL", stack.url("dagster"))
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         _empty(instance, dagster_db)

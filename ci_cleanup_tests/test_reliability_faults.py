@@ -745,6 +745,7 @@ SQL_WORDS = re.compile(
 ALLOWED_SQL_FORMATTING = {
     ("resources.py", "int(timeout_ms)"),  # SET statement_timeout = {int}: SET takes no bind parameter
     ("devstack.py", "name"),  # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB
+    ("cli.py", "DEMO_DATABASE"),  # DROP / CREATE DATABASE "{…}": the demo's own, a constant
     ("bench/run.py", "seed.PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of seed.INSERTS
     ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
     ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts

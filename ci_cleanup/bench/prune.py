@@ -28,7 +28,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 from sqlalchemy import MetaData, Table, create_engine, func, insert, literal, select, text, true
 from sqlalchemy.engine import Engine
 
-from ..devstack import REPO_ROOT, EmbeddedStack
+from ..devstack import DAGSTER_YAML, EmbeddedStack
 from ..gitlab.schema import create_schema, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 
@@ -125,7 +125,7 @@ def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) ->
     create_schema(gitlab_db)
     home = Path(stack_env["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(DAGSTER_YAML, home / "dagster.yaml")
     os.environ.update(stack_env)
     resources = {
         "gitlab_db": GitLabDatabase(url=stack_env["CI_CLEANUP_DATABASE_URL"]),

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
+from pathlib import Path
 
 import redis
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, literal, select, union_all
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from ..gitlab.schema import GitLabSchema, naive_utc
+from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, naive_utc
+from .service import deleted_objects_select
 
 
 def seed(
@@ -49,3 +52,26 @@ def seed(
              pick_up_at=now + dt.timedelta(hours=-rng.randint(1, 24) if due else rng.randint(1, 24)))
         for i, (store, due) in enumerate([(1, True), (2, True), (1, False)] * 10)
     ])
+
+
+def write_stored_files(conn: Connection, schema: GitLabSchema, root: Path) -> int:
+    """The stored files of the demo's local artifacts and ``ci_deleted_objects`` rows, under ``root`` where GitLab
+    keeps them, so that delete_expired_artifact_files has files to remove. Each is a sparse file of its artifact's
+    size (no disk used); returns how many were written."""
+    artifacts, queued = schema.ci_job_artifacts, schema.ci_deleted_objects.c
+    stored = deleted_objects_select(artifacts)  # the paths schedule_bulk_delete_job_artifacts will queue
+    paths = stored.selected_columns
+    rows = conn.execute(union_all(
+        stored.with_only_columns(paths.file_store, paths.store_dir, paths.file, artifacts.c.size),
+        select(queued.file_store, queued.store_dir, queued.file, literal(0).label("size")),
+    )).all()
+    written = 0
+    for file_store, store_dir, file, size in rows:
+        if file_store != FILE_STORE_LOCAL:
+            continue
+        folder = root / store_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / file, "wb") as f:
+            os.truncate(f.fileno(), size or 0)
+        written += 1
+    return written
