@@ -32,12 +32,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .batches import BATCHES
 from .definitions import defs
-from .devstack import DEFAULT_DIR, EmbeddedStack
+from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
 from .resources import ServiceUnavailable, _redis_client, database_url, job_resources, redact_redis_url
 from .runs import ROWS_CHANGED
 
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
+CI_DATABASE = "CI_CLEANUP_CI_DATABASE_URL"  # GitLab's ci database, when decomposed
 URL_VARS = (DATABASE, REDIS)
 # The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
 NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
@@ -46,6 +47,7 @@ GITLAB_DATA_TABLES = ("p_ci_builds", "ci_builds", "projects")  # p_ci_builds: ev
 DEBUG_HINT = "(ci-cleanup --debug … shows the traceback)"
 # The demo's own data in the embedded stack, emptied at each demo: dev's `gitlab` database is never touched by it.
 DEMO_DATABASE, DEMO_REDIS_DB = "gitlab_demo", 1
+DEMO_CI_DATABASE = "gitlab_demo_ci"  # demo --decomposed: its ci database
 
 
 class CliError(Exception):
@@ -102,7 +104,8 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]
             f"`ci-cleanup {command}` uses {' and '.join(NEEDS[command])}",
             f"Set {' and '.join(missing)} too, or unset {' and '.join(configured)} to use the embedded stack",
         )
-    yield {v: os.environ[v] for v in NEEDS[command]}, False
+    ci = {CI_DATABASE: os.environ[CI_DATABASE]} if os.environ.get(CI_DATABASE) else {}
+    yield {**{v: os.environ[v] for v in NEEDS[command]}, **ci}, False
 
 
 def gitlab_engine(url: str) -> tuple[Engine, str]:
@@ -158,6 +161,8 @@ def external_target(args, env) -> tuple[Engine, str]:
 
 
 def cmd_schema_create(args, env, embedded: bool) -> None:
+    if args.decomposed:
+        return create_decomposed_schema(env, embedded)
     engine, where = gitlab_engine(env[DATABASE])
     try:
         refuse_gitlab_data(engine, where)
@@ -166,6 +171,32 @@ def cmd_schema_create(args, env, embedded: bool) -> None:
     finally:
         engine.dispose()
     print(f"GitLab schema created in {where} (tables that existed were left as they are)")
+
+
+def create_decomposed_schema(env, embedded: bool) -> None:
+    """GitLab's main and ci databases as a decomposed GitLab has them: the embedded stack's ``gitlab`` and
+    ``gitlab_ci``, or the databases the two variables name."""
+    ci_url = env.get(CI_DATABASE)
+    if embedded:
+        ci_url = make_url(env[DATABASE]).set(database=GITLAB_CI_DB).render_as_string(hide_password=False)
+        create_database(ci_url)
+    elif not ci_url:
+        raise CliError(f"--decomposed needs GitLab's two databases: {CI_DATABASE} is not set",
+                       f"Set {CI_DATABASE} to the ci database of your own (empty, as {DATABASE}'s)")
+    where = []
+    for url in (env[DATABASE], ci_url):
+        engine, shown = gitlab_engine(url)
+        try:
+            refuse_gitlab_data(engine, shown)
+        finally:
+            engine.dispose()
+        where.append(shown)
+    print(f"Laying out GitLab's main ({where[0]}) and ci ({where[1]}) databases, decomposed", flush=True)
+    lay_out_decomposed(env[DATABASE], ci_url)
+    print(f"Decomposed GitLab schema in {where[0]} and {where[1]}: GitLab's tables in both, each write-locked where "
+          "its rows are not (GitLab's lock-writes triggers)")
+    if embedded:
+        print(f"Every ci-cleanup command on this stack now uses both ({CI_DATABASE} is set for them)")
 
 
 def cmd_seed(args, env, embedded: bool) -> None:
@@ -185,7 +216,12 @@ def cmd_seed(args, env, embedded: bool) -> None:
         create_schema(engine)
         with engine.connect() as conn:
             require_columns(conn, list(detect_tables(conn).metadata.sorted_tables))
-        seed(engine, client)
+        ci_engine = create_engine(env[CI_DATABASE]) if env.get(CI_DATABASE) else None
+        try:
+            seed(engine, client, ci_engine=ci_engine)
+        finally:
+            if ci_engine is not None:
+                ci_engine.dispose()
         client.close()
     finally:
         engine.dispose()
@@ -239,7 +275,7 @@ def run_jobs(
 ) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
     """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
     the error as its innermost cause's message and the whole chain with its stack traces."""
-    resources = job_resources(env[DATABASE], env[REDIS], dry_run=dry_run)
+    resources = job_resources(env[DATABASE], env[REDIS], ci_database_url=env.get(CI_DATABASE), dry_run=dry_run)
     summary = []
     with DagsterInstance.ephemeral() as instance:
         for job in jobs:
@@ -289,17 +325,26 @@ def _jobs(names=None):
     return [resolved[batch.name] for batch in BATCHES if names is None or batch.name in names]
 
 
-def fresh_demo_data(env) -> dict[str, str]:
-    """The demo's own database and Redis db in the embedded stack, emptied: every demo, dry run or not, starts from
-    the same state and reports the same numbers, and what dev's ``gitlab`` database holds is left as it is."""
+def fresh_demo_data(env, *, decomposed: bool = False) -> dict[str, str]:
+    """The demo's own database (``decomposed``: main and ci, laid out as a decomposed GitLab's) and Redis db in the
+    embedded stack, emptied: every demo, dry run or not, starts from the same state and reports the same numbers,
+    and what dev's ``gitlab`` database holds is left as it is."""
     url = make_url(env[DATABASE])
+    names = (DEMO_DATABASE, DEMO_CI_DATABASE) if decomposed else (DEMO_DATABASE,)
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{DEMO_DATABASE}"'))
+            for name in (DEMO_DATABASE, DEMO_CI_DATABASE):
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            for name in names:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
     finally:
         admin.dispose()
+    env = {k: v for k, v in env.items() if k != CI_DATABASE}
+    if decomposed:
+        main, ci = (url.set(database=name).render_as_string(hide_password=False) for name in names)
+        lay_out_decomposed(main, ci)
+        env[CI_DATABASE] = ci
     redis_url = f"{env[REDIS]}?db={DEMO_REDIS_DB}"
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
@@ -311,12 +356,12 @@ def cmd_demo(args, env, embedded: bool) -> None:
     # The demo's data is its own, seeded anew each time: a dry run seeds too (the jobs then change nothing).
     from .schedule_bulk_delete_job_artifacts.demo import write_stored_files
 
-    env = fresh_demo_data(env)
+    env = fresh_demo_data(env, decomposed=args.decomposed)
     cmd_seed(args, env, embedded)
     root = Path(args.data_dir).resolve() / "artifacts"  # the demo's stored files, never the configured root
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    engine = create_engine(env[DATABASE])
+    engine = create_engine(env.get(CI_DATABASE, env[DATABASE]))  # the artifacts' database
     try:
         with engine.connect() as conn:
             written = write_stored_files(conn, detect_tables(conn), root)
@@ -451,6 +496,10 @@ def parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true",
         help="the jobs report what they would change and change nothing (the demo's data is seeded anew, as for a run)",
     )
+    demo.add_argument(
+        "--decomposed", action="store_true",
+        help="on GitLab's two databases (main and ci, GitLab's lock-writes triggers), as GitLab.com runs",
+    )
     run = sub.add_parser("run", help="run one job once (no Dagster instance needed) and print what it changed")
     run.add_argument("job", choices=[job.name for job in _jobs()])
     run.add_argument("--dry-run", action="store_true", help="print what the job would change, change nothing")
@@ -480,6 +529,11 @@ def parser() -> argparse.ArgumentParser:
     schema.add_argument(
         "--layout", choices=[PARTITIONED, FLAT], default=PARTITIONED,
         help="GitLab's builds and artifacts partitioned (GitLab 16 and later) or flat (before)",
+    )
+    schema.add_argument(
+        "--decomposed", action="store_true",
+        help=f"GitLab's main and ci databases, each with GitLab's lock-writes triggers on the other's tables "
+             f"(the embedded stack's gitlab and gitlab_ci, else {DATABASE} and {CI_DATABASE})",
     )
     return parser
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psutil
 import redis
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.exc import OperationalError
 
 from .gitlab.schema import (
     CI_DATABASE,
@@ -179,6 +180,8 @@ class EmbeddedStack:
         try:
             with engine.connect() as conn:
                 found = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": GITLAB_CI_DB})
+        except OperationalError:
+            return None  # PostgreSQL is stopped (the fault tests): whatever uses the stack says so
         finally:
             engine.dispose()
         return self.url(GITLAB_CI_DB) if found else None
@@ -232,14 +235,23 @@ def _wait_gone(pid: int, seconds: float = 10) -> None:
         process.kill()
 
 
-def create_decomposed(stack: EmbeddedStack, main: str = GITLAB_DB, ci: str = GITLAB_CI_DB) -> tuple[str, str]:
-    """Lay ``main`` and ``ci`` out as a decomposed GitLab: GitLab's whole schema in both, each with GitLab's
-    lock-writes triggers on the other's tables (unless there already); their URLs."""
-    urls = []
-    for database in (MAIN_DATABASE, CI_DATABASE):
-        name = main if database == MAIN_DATABASE else ci
-        stack.create_database(name)
-        engine = create_engine(stack.url(name))
+def create_database(url: str) -> None:
+    """The database ``url`` names, created on its server unless it exists (dev stack, demo, tests)."""
+    parsed = make_url(url)
+    admin = create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if not conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": parsed.database}):
+                conn.execute(text(f'CREATE DATABASE "{parsed.database}"'))
+    finally:
+        admin.dispose()
+
+
+def lay_out_decomposed(main_url: str, ci_url: str) -> None:
+    """Lay two databases out as a decomposed GitLab: GitLab's whole schema in both, each with GitLab's lock-writes
+    triggers on the other's tables (unless there already)."""
+    for database, url in ((MAIN_DATABASE, main_url), (CI_DATABASE, ci_url)):
+        engine = create_engine(url)
         try:
             create_schema(engine)
             with engine.begin() as conn:
@@ -247,8 +259,15 @@ def create_decomposed(stack: EmbeddedStack, main: str = GITLAB_DB, ci: str = GIT
                     lock_writes(conn, database)
         finally:
             engine.dispose()
-        urls.append(stack.url(name))
-    return urls[0], urls[1]
+
+
+def create_decomposed(stack: EmbeddedStack, main: str = GITLAB_DB, ci: str = GITLAB_CI_DB) -> tuple[str, str]:
+    """``main`` and ``ci`` in the stack's PostgreSQL, laid out as a decomposed GitLab; their URLs."""
+    urls = stack.url(main), stack.url(ci)
+    for url in urls:
+        create_database(url)
+    lay_out_decomposed(*urls)
+    return urls
 
 
 class PgBouncer:

@@ -743,9 +743,12 @@ SQL_WORDS = re.compile(
 # an int(), or module constants that are themselves fixed SQL text (the bench's raw-SQL baselines). No value
 # from a row, a config or a user is ever formatted into SQL; values are bound parameters.
 ALLOWED_SQL_FORMATTING = {
-    ("resources.py", "int(timeout_ms)"),  # SET statement_timeout = {int}: SET takes no bind parameter
+    # SET LOCAL statement_timeout = {int}: SET takes no bind parameter
+    ("resources.py", "int(self.statement_timeout_seconds * 1000)"),
     ("devstack.py", "name"),  # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB
-    ("cli.py", "DEMO_DATABASE"),  # DROP / CREATE DATABASE "{…}": the demo's own, a constant
+    ("devstack.py", "parsed.database"),  # CREATE DATABASE "{…}": the stack's own (gitlab_ci), a constant
+    ("cli.py", "name"),  # DROP / CREATE DATABASE "{…}": the demo's own, constants DEMO_DATABASE, DEMO_CI_DATABASE
+    ("gitlab/schema.py", "qualified"),  # lock-writes triggers: our tables' names, as pg_class has them
     ("bench/run.py", "seed.PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of seed.INSERTS
     ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
     ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
