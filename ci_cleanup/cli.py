@@ -211,7 +211,8 @@ def cmd_seed(args, env, embedded: bool) -> None:
             seed_scale(engine, args.scale)
             return
         client = _redis_client(env[REDIS], "the embedded Redis" if embedded else f"Redis ({REDIS})")
-        print(f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {where} and {client.server}",
+        into = f"{where} (main) and {shown_url(make_url(env[CI_DATABASE]))} (ci)" if env.get(CI_DATABASE) else where
+        print(f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {into} and {client.server}",
               flush=True)
         create_schema(engine)
         with engine.connect() as conn:
