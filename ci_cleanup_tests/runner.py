@@ -6,6 +6,8 @@ from dagster import DagsterInstance, ExecuteInProcessResult, JobDefinition
 
 from ci_cleanup.resources import job_resources
 
+from .harness import DeployedStack
+
 
 def run_job(
     job: JobDefinition, stack, *, run_config: dict | None = None, dry_run: bool = False,
@@ -56,3 +58,19 @@ def observed_per_batch(result: ExecuteInProcessResult, key: str) -> list[int]:
         for event in result.all_events if event.event_type_value == "ASSET_OBSERVATION"
         for count in event.event_specific_data.asset_observation.metadata["per_batch"].value[key]
     ]
+
+
+def in_time_zone(url: str, zone: str) -> str:
+    """``url`` whose every session is in ``zone`` (libpq's ``options`` startup parameter)."""
+    return url + ("&" if "?" in url else "?") + f"options=-c%20timezone%3D{zone.replace('/', '%2F')}"
+
+
+def run_in_time_zone(job: JobDefinition, stack, zone: str) -> ExecuteInProcessResult:
+    """``job`` with every session of its GitLab database(s) in ``zone``. Deployed: straight to main and ci, as
+    PgBouncer refuses the ``options`` startup parameter (and would hand a session's setting to other clients)."""
+    if isinstance(stack, DeployedStack):
+        main, ci = in_time_zone(stack.direct_url(stack.MAIN), zone), in_time_zone(stack.direct_url(stack.CI), zone)
+    else:
+        main, ci = in_time_zone(stack.url(), zone), None
+    return job.execute_in_process(resources=job_resources(main, stack.redis_url, ci_database_url=ci),
+                                  instance=DagsterInstance.ephemeral())

@@ -23,8 +23,8 @@ from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row, updates_refused
-from .harness import DeployedStack, gitlab_database, on
-from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
+from .harness import gitlab_database, on
+from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
@@ -341,14 +341,7 @@ def test_session_time_zone_does_not_change_the_result(stack, engine, redis_clien
     not_due = environment(engine, auto_stop_at=ago(minutes=-5))
     before = row(engine, "environments", not_due)
 
-    def in_zone(url: str) -> str:  # direct: PgBouncer refuses the options startup parameter
-        return url + f"&options=-c%20timezone%3D{zone.replace('/', '%2F')}"
-
-    if isinstance(stack, DeployedStack):
-        run_job(environments_auto_stop, stack, database_url=in_zone(stack.direct_url(stack.MAIN)),
-                ci_database_url=in_zone(stack.direct_url(stack.CI)))
-    else:
-        run_job(environments_auto_stop, stack, database_url=in_zone(stack.url()))
+    run_in_time_zone(environments_auto_stop, stack, zone)
 
     assert_stopped(engine, due)  # updated_at written as naive UTC
     assert row(engine, "environments", not_due) == before

@@ -11,7 +11,6 @@ from dagster import DagsterInstance
 from sqlalchemy import insert, text
 
 from ci_cleanup.gitlab.schema import utc_now
-from ci_cleanup.resources import job_resources
 from ci_cleanup.runs import DRY_RUN_TAG
 from ci_cleanup.stale_runner_machines_cleanup import service
 from ci_cleanup.stale_runner_machines_cleanup.job import (
@@ -20,8 +19,8 @@ from ci_cleanup.stale_runner_machines_cleanup.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import DeployedStack, gitlab_database, on
-from .runner import observed_per_batch, op_metadata, run_job, step_failure_message
+from .harness import gitlab_database, on
+from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
@@ -50,21 +49,6 @@ def run_config(**config) -> dict:
 def observed_deletes(result) -> list[int]:
     return observed_per_batch(result, "deleted")
 
-
-def in_time_zone(url: str, zone: str) -> str:
-    """``url`` whose every session is in ``zone`` (libpq's ``options`` startup parameter)."""
-    return url + ("&" if "?" in url else "?") + f"options=-c%20timezone%3D{zone.replace('/', '%2F')}"
-
-
-def run_in_time_zone(job, stack, zone: str):
-    """``job`` with every session of its GitLab database(s) in ``zone``. Deployed: straight to main and ci, as
-    PgBouncer refuses the ``options`` startup parameter (and would hand a session's setting to other clients)."""
-    if isinstance(stack, DeployedStack):
-        main, ci = in_time_zone(stack.direct_url(stack.MAIN), zone), in_time_zone(stack.direct_url(stack.CI), zone)
-    else:
-        main, ci = in_time_zone(stack.url(), zone), None
-    return job.execute_in_process(resources=job_resources(main, stack.redis_url, ci_database_url=ci),
-                                  instance=DagsterInstance.ephemeral())
 
 
 @pytest.mark.parametrize(
