@@ -26,7 +26,7 @@ assets = [
 def resources() -> dict:
     """Resources from the environment; secrets stay in env vars and never enter run config."""
     return {
-        # url defaults to EnvVar("CI_CLEANUP_DATABASE_URL") / EnvVar("CI_CLEANUP_REDIS_URL") in the class.
+        # URLs unset: each resource reads its variables (or GitLab's files) when a run starts, never run config.
         "gitlab_db": GitLabDatabase(),
         "gitlab_redis": GitLabRedis(
             queues_url=EnvVar("CI_CLEANUP_REDIS_QUEUES_URL") if os.environ.get("CI_CLEANUP_REDIS_QUEUES_URL") else None,
