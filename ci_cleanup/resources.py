@@ -96,6 +96,7 @@ def database_url(url: str, variable: str = "CI_CLEANUP_DATABASE_URL"):
 
 CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
 _VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
+_DATABASE_NAMES = {MAIN_DATABASE: "the GitLab database (PostgreSQL)", CI_DATABASE: "GitLab's ci database (PostgreSQL)"}
 
 
 class StatementTimeout(RuntimeError):
@@ -156,8 +157,7 @@ class GitLabDatabase(ConfigurableResource):
         except (SQLAlchemyError, DatabaseUnavailable) as e:
             self.teardown_after_execution(context)
             raise ServiceUnavailable(
-                f"Cannot reach the GitLab database (PostgreSQL) {database} at {self._where(database)}: "
-                f"{getattr(e, 'orig', e)}".strip()
+                f"Cannot reach {_DATABASE_NAMES[database]} at {self._where(database)}: {getattr(e, 'orig', e)}".strip()
             ) from None
         self._engines.setdefault(CI_DATABASE, self._engines[MAIN_DATABASE])
         with self._engines[CI_DATABASE].connect() as conn:
@@ -207,7 +207,7 @@ class GitLabDatabase(ConfigurableResource):
                 return statement, parameters
             return limit + statement, parameters
 
-        where = f"{database} at {self._where(database)}"
+        where = f"{_DATABASE_NAMES[database]} at {self._where(database)}"
 
         @event.listens_for(engine, "handle_error")
         def _name_the_server(ctx):
@@ -218,8 +218,8 @@ class GitLabDatabase(ConfigurableResource):
             if isinstance(ctx.original_exception, psycopg2.errors.QueryCanceled):
                 statement = " ".join((ctx.statement or "").removeprefix(limit).split())
                 error = StatementTimeout(
-                    f"A statement ran over the statement timeout ({self.statement_timeout_seconds} s) in the GitLab "
-                    f"database {where} and was cancelled: {statement[:300]}"
+                    f"A statement ran over the statement timeout ({self.statement_timeout_seconds} s) in {where} "
+                    f"and was cancelled: {statement[:300]}"
                 )
                 error.orig = ctx.original_exception
                 return error
@@ -227,7 +227,7 @@ class GitLabDatabase(ConfigurableResource):
             lost = ctx.is_disconnect or never_opened
             if lost and not ctx.is_pre_ping:
                 error = DatabaseUnavailable(
-                    f"Lost the GitLab database (PostgreSQL) {where}: {str(ctx.original_exception).strip()}"
+                    f"Lost {where}: {str(ctx.original_exception).strip()}"
                 )
                 error.orig = ctx.original_exception
                 return error

@@ -194,7 +194,7 @@ def test_a_statement_over_the_timeout_is_cancelled_through_pgbouncer_and_the_run
         holder.rollback()
     message = failure_messages(result)
     assert not result.success
-    assert "ran over the statement timeout (1 s) in the GitLab database ci" in message, message
+    assert "ran over the statement timeout (1 s) in GitLab's ci database (PostgreSQL) at " in message, message
     assert row(dbs, "ci_runner_machines", machine) is not None
 
 

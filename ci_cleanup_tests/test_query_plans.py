@@ -96,6 +96,7 @@ def artifact_batch(engine):
     cursor = expired[len(expired) // 2]
     return bulk_delete.batch_statement(S).params(
         bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after_expire_at=cursor.expire_at, after_id=cursor.id,
+        max_buckets=bulk_delete.MAX_BUCKETS,
         **bulk_delete.pick_up_at_bounds(NOW),
     )
 
