@@ -39,6 +39,7 @@ from .runs import ROWS_CHANGED
 
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
 CI_DATABASE = "CI_CLEANUP_CI_DATABASE_URL"  # GitLab's ci database, when decomposed
+CONFIG_DIR = "CI_CLEANUP_GITLAB_CONFIG_DIR"  # GitLab's database.yml and Redis files
 URL_VARS = (DATABASE, REDIS)
 # The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
 NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
@@ -91,6 +92,11 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]
             print(f"The demo never uses {' / '.join(configured)}: it runs on its own embedded stack", flush=True)
         with embedded_stack(data_dir) as servers:
             yield servers
+        return
+    if command == "run" and os.environ.get(CONFIG_DIR):
+        # GitLab's own files say where everything is; a variable set beside them overrides its part.
+        print(f"Using GitLab's config files in {os.environ[CONFIG_DIR]} ({CONFIG_DIR})", flush=True)
+        yield {v: os.environ[v] for v in (*URL_VARS, CI_DATABASE) if os.environ.get(v)}, False
         return
     if not configured:
         print(f"No {DATABASE} / {REDIS}: using the embedded stack", flush=True)
@@ -276,7 +282,7 @@ def run_jobs(
 ) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
     """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
     the error as its innermost cause's message and the whole chain with its stack traces."""
-    resources = job_resources(env[DATABASE], env[REDIS], ci_database_url=env.get(CI_DATABASE), dry_run=dry_run)
+    resources = job_resources(env.get(DATABASE), env.get(REDIS), ci_database_url=env.get(CI_DATABASE), dry_run=dry_run)
     summary = []
     with DagsterInstance.ephemeral() as instance:
         for job in jobs:
@@ -377,8 +383,11 @@ def cmd_demo(args, env, embedded: bool) -> None:
 
 
 def cmd_run(args, env, embedded: bool) -> None:
-    gitlab_engine(env[DATABASE])[0].dispose()  # an unreachable server is one line here, not a failed run
-    _redis_client(env[REDIS], f"Redis ({REDIS})").close()
+    # An unreachable server is one line here, not a failed run (from GitLab's files: the run's first op says it).
+    if DATABASE in env:
+        gitlab_engine(env[DATABASE])[0].dispose()
+    if REDIS in env:
+        _redis_client(env[REDIS], f"Redis ({REDIS})").close()
     if args.dry_run:
         print("Dry run: what the job would change (would_…); nothing is changed\n")
     if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):

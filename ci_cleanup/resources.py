@@ -583,10 +583,11 @@ class RunOptions(ConfigurableResource):
 
 
 def job_resources(
-    database_url: str, redis_url: str, *, ci_database_url: str | None = None, queues_url: str | None = None,
-    dry_run: bool = False,
+    database_url: str | None, redis_url: str | None, *, ci_database_url: str | None = None,
+    queues_url: str | None = None, dry_run: bool = False,
 ) -> dict[str, ConfigurableResource]:
-    """The resources every job runs with, for a run started in process (CLI, tests, benchmark)."""
+    """The resources every job runs with, for a run started in process (CLI, tests, benchmark); a URL not given
+    is read from its variable or GitLab's config files when the run starts."""
     return {
         "gitlab_db": GitLabDatabase(url=database_url, ci_url=ci_database_url),
         "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),

@@ -28,6 +28,7 @@ west of UTC is "year -1"; ``-infinity`` and BC dates sort before any cursor Pyth
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import time
@@ -295,7 +296,8 @@ def _cursor(rows) -> tuple | None:
 def _stop_actions(
     ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], dry_run: bool
 ) -> dict[int, Row]:
-    """Each picked environment's stop actions (and those played), in one ci transaction, committed."""
+    """Each picked environment's stop actions (and those played), in one ci transaction, committed; on one database
+    (``ci`` is main's connection, in the batch's transaction), under a savepoint of the batch's transaction."""
     deployed = [env for env in picked if env.deployable_id is not None and env.on_stop is not None]
     if not deployed:
         return {}
@@ -303,7 +305,7 @@ def _stop_actions(
         "environment_ids": [env.id for env in deployed], "deployable_ids": [env.deployable_id for env in deployed],
         "on_stops": [env.on_stop for env in deployed], "naive_now": naive_utc(now),
     }
-    with ci.begin():
+    with ci.begin_nested() if ci.in_transaction() else ci.begin():
         return {r.environment_id: r for r in ci.execute(stop_actions_statement(schema, dry_run=dry_run), params)}
 
 
@@ -435,8 +437,11 @@ def auto_stop_environments(
     """
     result = AutoStopResult()
     started, cursor = clock(), START
-    # One connection to each database for the run; a transaction per batch in each.
-    with main.connect() as main_conn, ci.connect() as ci_conn:
+    # One connection to each database for the run, a transaction per batch in each; on one database (the same
+    # engine) one connection, and each batch one transaction: stopped and played together, or neither.
+    with contextlib.ExitStack() as connections:
+        main_conn = connections.enter_context(main.connect())
+        ci_conn = main_conn if ci is main else connections.enter_context(ci.connect())
         while True:
             if result.loops >= max_loops:
                 result.limit_reached = "loops"
