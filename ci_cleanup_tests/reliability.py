@@ -13,6 +13,7 @@ Runs happen in other processes: the ``dagster`` CLI, or a forked copy of the tes
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -39,12 +40,58 @@ from ci_cleanup.gitlab.schema import naive_utc, utc_now
 from ci_cleanup.resources import job_resources
 
 from .factories import TABLES
-from .harness import clean_env, reset
+from .harness import Databases, DeployedStack, clean_env, on, reset
 from .runner import run_job
 
 BIN = Path(sys.executable).parent
 FORK = multiprocessing.get_context("fork")
 KEEPERS = 20  # rows of each kind the job must leave alone
+
+# --------------------------------------------------------------------------- one database, or GitLab's main + ci
+
+# Where a job's GitLab database(s) are: (main, None) for one database, (main, ci) for GitLab as deployed.
+Urls = tuple[str, "str | None"]
+
+
+def direct_urls(stack) -> Urls:
+    """The stack's GitLab database(s), straight to PostgreSQL (never through PgBouncer): for the harness's own
+    seeding, checks and writers."""
+    if isinstance(stack, DeployedStack):
+        return stack.direct_url(stack.MAIN), stack.direct_url(stack.CI)
+    return stack.url(), None
+
+
+def engine_of(urls: Urls, **kwargs) -> Engine | Databases:
+    main, ci = urls
+    if ci is None:
+        return create_engine(main, **kwargs)
+    return Databases(create_engine(main, **kwargs), create_engine(ci, **kwargs))
+
+
+def engines(engine: Engine | Databases) -> list[Engine]:
+    return [engine.main, engine.ci] if isinstance(engine, Databases) else [engine]
+
+
+class Conns:
+    """A connection per database, opened on first use: :meth:`of` is the one holding a table's rows (the one
+    connection, on a single database)."""
+
+    def __init__(self, engine: Engine | Databases, stack: contextlib.ExitStack, begin: bool):
+        self.engine, self._stack, self._begin = engine, stack, begin
+        self._conns: dict[int, Connection] = {}
+
+    def of(self, table: str) -> Connection:
+        target = on(self.engine, table)
+        if id(target) not in self._conns:
+            self._conns[id(target)] = self._stack.enter_context(target.begin() if self._begin else target.connect())
+        return self._conns[id(target)]
+
+
+@contextlib.contextmanager
+def connections(engine: Engine | Databases, *, begin: bool = False):
+    """Connections (each in a transaction of its own with ``begin``; no transaction spans two databases)."""
+    with contextlib.ExitStack() as stack:
+        yield Conns(engine, stack, begin)
 
 # --------------------------------------------------------------------------- audit: every write, per row
 
@@ -72,48 +119,61 @@ END $$;
 """
 
 
-def install_audit(engine: Engine) -> None:
-    """A row trigger on each table a job writes: the audit counts how often each row was changed."""
-    with engine.begin() as conn:
-        conn.execute(text(AUDIT_DDL))
-        for table in AUDIT_TABLES:
-            conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
-            conn.execute(text(
-                f'CREATE TRIGGER reliability_audit AFTER UPDATE OR DELETE ON "{table}" '
-                "FOR EACH ROW EXECUTE FUNCTION reliability_audit_row()"
-            ))
+def _audited_in(engine: Engine | Databases, one: Engine) -> list[str]:
+    """The audited tables whose rows are in ``one`` (every one of them, on a single database)."""
+    return [table for table in AUDIT_TABLES if on(engine, table) is one]
 
 
-def remove_audit(engine: Engine) -> None:
-    with engine.begin() as conn:
-        for table in AUDIT_TABLES:
-            conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
-        conn.execute(text("DROP TABLE IF EXISTS reliability_audit"))
-        conn.execute(text("DROP FUNCTION IF EXISTS reliability_audit_row()"))
+def install_audit(engine: Engine | Databases) -> None:
+    """A row trigger on each table a job writes: the audit counts how often each row was changed. Decomposed:
+    the audit table in both databases (``reset`` empties it in each), the triggers on each one's own tables."""
+    for one in engines(engine):
+        with one.begin() as conn:
+            conn.execute(text(AUDIT_DDL))
+            for table in _audited_in(engine, one):
+                conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
+                conn.execute(text(
+                    f'CREATE TRIGGER reliability_audit AFTER UPDATE OR DELETE ON "{table}" '
+                    "FOR EACH ROW EXECUTE FUNCTION reliability_audit_row()"
+                ))
 
 
-def changed_more_than_once(conn: Connection) -> list[tuple]:
-    return conn.execute(text(
-        "SELECT tbl, row_id, count(*), "
-        "string_agg(op || ':' || coalesce(old_state, '') || '>' || coalesce(new_state, ''), ' ' ORDER BY id) "
-        "FROM reliability_audit GROUP BY tbl, row_id HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
-    )).all()
+def remove_audit(engine: Engine | Databases) -> None:
+    for one in engines(engine):
+        with one.begin() as conn:
+            for table in AUDIT_TABLES:
+                conn.execute(text(f'DROP TRIGGER IF EXISTS reliability_audit ON "{table}"'))
+            conn.execute(text("DROP TABLE IF EXISTS reliability_audit"))
+            conn.execute(text("DROP FUNCTION IF EXISTS reliability_audit_row()"))
 
 
-def audited_rows(conn: Connection) -> int:
-    return conn.scalar(text("SELECT count(*) FROM reliability_audit"))
+def changed_more_than_once(engine: Engine | Databases) -> list[tuple]:
+    """Rows changed more than once, from the audit of every database (a table's rows are in one of them)."""
+    found = []
+    for one in engines(engine):
+        with one.connect() as conn:
+            found += conn.execute(text(
+                "SELECT tbl, row_id, count(*), "
+                "string_agg(op || ':' || coalesce(old_state, '') || '>' || coalesce(new_state, ''), ' ' ORDER BY id) "
+                "FROM reliability_audit GROUP BY tbl, row_id HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
+            )).all()
+    return sorted(found)[:20]
+
+
+def audited_rows(engine: Engine | Databases) -> int:
+    total = 0
+    for one in engines(engine):
+        with one.connect() as conn:
+            total += conn.scalar(text("SELECT count(*) FROM reliability_audit"))
+    return total
 
 
 # --------------------------------------------------------------------------- the five jobs
 
-def _ids(conn: Connection, sql: str, **params) -> list[int]:
-    return list(conn.scalars(text(sql), params))
-
-
-def _rows(conn: Connection, table: str, ids: list[int]) -> dict[int, tuple]:
-    table = TABLES[table].name if table in TABLES else table  # ci_builds: every partition, through p_ci_builds
-    query = text(f'SELECT * FROM "{table}" WHERE id IN :ids ORDER BY id').bindparams(bindparam("ids", expanding=True))
-    return {r.id: r for r in conn.execute(query, {"ids": ids or [-1]})}  # rows compare as tuples, read by name
+def _rows(conn: Conns, table: str, ids: list[int]) -> dict[int, tuple]:
+    name = TABLES[table].name if table in TABLES else table  # ci_builds: every partition, through p_ci_builds
+    query = text(f'SELECT * FROM "{name}" WHERE id IN :ids ORDER BY id').bindparams(bindparam("ids", expanding=True))
+    return {r.id: r for r in conn.of(table).execute(query, {"ids": ids or [-1]})}  # rows compare as tuples, by name
 
 
 @dataclass
@@ -166,41 +226,42 @@ class Scenario:
     def run_config(self, batch: int) -> dict:
         raise NotImplementedError
 
-    def seed(self, conn: Connection, client, n: int) -> None:
+    # ``conn``: a connection per database (:class:`Conns`); each statement goes to its table's, ``conn.of(table)``.
+    def seed(self, conn: Conns, client, n: int) -> None:
         raise NotImplementedError
 
-    def keeper_ids(self, conn: Connection, n: int) -> dict[str, list[int]]:
+    def keeper_ids(self, conn: Conns, n: int) -> dict[str, list[int]]:
         raise NotImplementedError
 
-    def classify(self, conn: Connection, client, seeded: Seeded, ids: list[int]) -> State:
+    def classify(self, conn: Conns, client, seeded: Seeded, ids: list[int]) -> State:
         raise NotImplementedError
 
     def done_count(self, metadata: dict) -> int:
         return metadata["rows_changed"]
 
     # A concurrent writer: change some candidates as GitLab would; returns id -> the values written.
-    def write(self, conn: Connection, ids: list[int], rng: random.Random) -> dict[int, tuple]:
+    def write(self, conn: Conns, ids: list[int], rng: random.Random) -> dict[int, tuple]:
         raise NotImplementedError
 
-    def read_written(self, conn: Connection, ids: list[int]) -> dict[int, tuple]:
+    def read_written(self, conn: Conns, ids: list[int]) -> dict[int, tuple]:
         raise NotImplementedError
 
-    def reset_and_seed(self, engine: Engine, client, n: int) -> Seeded:
+    def reset_and_seed(self, engine: Engine | Databases, client, n: int) -> Seeded:
         reset(engine, client, also=("reliability_audit",))
         return self.seed_and_snapshot(engine, client, n)
 
-    def seed_and_snapshot(self, engine: Engine, client, n: int) -> Seeded:
+    def seed_and_snapshot(self, engine: Engine | Databases, client, n: int) -> Seeded:
         """Seed next to whatever the other scenarios seeded: each job's rows are apart from the others'."""
-        with engine.begin() as conn:
+        with connections(engine, begin=True) as conn:
             self.seed(conn, client, n)
-        with engine.connect() as conn:
+        with connections(engine) as conn:
             candidates = list(range(1, n + 1))
             keepers = {t: _rows(conn, t, ids) for t, ids in self.keeper_ids(conn, n).items()}
             return Seeded(candidates, _rows(conn, self.table, candidates), keepers)
 
-    def check(self, engine: Engine, client, seeded: Seeded, exclude: set[int] = frozenset()) -> State:
+    def check(self, engine: Engine | Databases, client, seeded: Seeded, exclude: set[int] = frozenset()) -> State:
         """Every candidate untouched or done; every keeper as seeded."""
-        with engine.connect() as conn:
+        with connections(engine) as conn:
             state = self.classify(conn, client, seeded, [i for i in seeded.candidates if i not in exclude])
             for table, rows in seeded.keepers.items():
                 now = _rows(conn, table, list(rows))
@@ -237,6 +298,7 @@ class DropCancelingBuilds(Scenario):
             ":updated, 7 "
             "FROM generate_series(1, :n) g"
         )
+        conn = conn.of("p_ci_builds")  # and both queues: every table here is in ci
         conn.execute(text(insert), dict(status="canceling", created=old, updated=old, n=n))
         queued = "SELECT id, project_id, partition_id FROM p_ci_builds WHERE id <= :n AND name = 'rspec'"
         conn.execute(text(
@@ -258,7 +320,7 @@ class DropCancelingBuilds(Scenario):
             "FROM p_ci_builds b WHERE b.id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         state = State()
-        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        rows = {r.id: tuple(r)[1:] for r in conn.of("p_ci_builds").execute(query, {"ids": ids or [-1]})}
         builds = _rows(conn, "ci_builds", ids)
         for build_id in ids:
             what = rows.get(build_id)
@@ -278,12 +340,12 @@ class DropCancelingBuilds(Scenario):
         query = text(
             sql + " WHERE id IN :ids AND status = 'canceling' RETURNING id, status, lock_version, updated_at"
         ).bindparams(bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": now, "ids": ids})}
+        return {r.id: tuple(r)[1:] for r in conn.of("p_ci_builds").execute(query, {"now": now, "ids": ids})}
 
     def read_written(self, conn, ids):
         query = text("SELECT id, status, lock_version, updated_at FROM p_ci_builds WHERE id IN :ids").bindparams(
             bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        return {r.id: tuple(r)[1:] for r in conn.of("p_ci_builds").execute(query, {"ids": ids or [-1]})}
 
 
 class StaleRunnerMachines(Scenario):
@@ -305,6 +367,7 @@ class StaleRunnerMachines(Scenario):
             "FROM generate_series(1, :n) g"
         )
         month, week = now - dt.timedelta(days=30), now - dt.timedelta(days=8)
+        conn = conn.of("ci_runner_machines")
         conn.execute(text(insert), dict(created=month, contacted=week, n=n))
         conn.execute(text(insert.replace("WHEN g % 3 = 0", "WHEN false")),
                      dict(created=month, contacted=now - dt.timedelta(hours=1) + dt.timedelta(seconds=KEEPERS),
@@ -332,12 +395,13 @@ class StaleRunnerMachines(Scenario):
             "UPDATE ci_runner_machines SET contacted_at = :now, updated_at = :now WHERE id IN :ids "
             "RETURNING id, contacted_at"
         ).bindparams(bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+        params = {"now": utc_now(), "ids": ids}
+        return {r.id: tuple(r)[1:] for r in conn.of("ci_runner_machines").execute(query, params)}
 
     def read_written(self, conn, ids):
         query = text("SELECT id, contacted_at FROM ci_runner_machines WHERE id IN :ids").bindparams(
             bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        return {r.id: tuple(r)[1:] for r in conn.of("ci_runner_machines").execute(query, {"ids": ids or [-1]})}
 
 
 class StuckExportJobs(Scenario):
@@ -355,6 +419,7 @@ class StuckExportJobs(Scenario):
             "INSERT INTO project_export_jobs (project_id, status, jid, created_at, updated_at) "
             "SELECT g, :status, :prefix || g, :day, :day FROM generate_series(1, :n) g"
         )
+        conn = conn.of("project_export_jobs")
         conn.execute(text(insert.replace(":status", "g % 2")), dict(prefix="gone-", day=day, n=n))
         conn.execute(text(insert), dict(status=1, prefix="running-", day=day, n=KEEPERS))  # Sidekiq still has it
         conn.execute(text(insert), dict(status=2, prefix="finished-", day=day, n=KEEPERS))
@@ -385,12 +450,13 @@ class StuckExportJobs(Scenario):
             "UPDATE project_export_jobs SET status = 2, updated_at = :now WHERE id IN :ids AND status IN (0, 1) "
             "RETURNING id, status, updated_at"
         ).bindparams(bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+        params = {"now": utc_now(), "ids": ids}
+        return {r.id: tuple(r)[1:] for r in conn.of("project_export_jobs").execute(query, params)}
 
     def read_written(self, conn, ids):
         query = text("SELECT id, status, updated_at FROM project_export_jobs WHERE id IN :ids").bindparams(
             bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        return {r.id: tuple(r)[1:] for r in conn.of("project_export_jobs").execute(query, {"ids": ids or [-1]})}
 
 
 PIPELINE = 10_000  # an environment's deploy and stop builds are in pipeline (commit_id) PIPELINE + its id
@@ -415,10 +481,11 @@ class EnvironmentsAutoStop(Scenario):
             "FROM generate_series(:a, :b) g"
         )
         due = now - dt.timedelta(hours=1)
-        conn.execute(text(env), dict(state="available", stop_at=due, setting=0, naive=naive, a=1, b=n))
-        conn.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive,
+        main, ci = conn.of("environments"), conn.of("p_ci_builds")  # deployments in main, builds in ci
+        main.execute(text(env), dict(state="available", stop_at=due, setting=0, naive=naive, a=1, b=n))
+        main.execute(text(env), dict(state="available", stop_at=now + dt.timedelta(days=1), setting=0, naive=naive,
                                      a=n + 1, b=n + KEEPERS))
-        conn.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive,
+        main.execute(text(env), dict(state="available", stop_at=due, setting=1, naive=naive,
                                      a=n + KEEPERS + 1, b=n + 2 * KEEPERS))
         build = (
             "INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version, "
@@ -426,38 +493,57 @@ class EnvironmentsAutoStop(Scenario):
             "SELECT 100 + g % 3, 1, :pipeline + g, :name, 'Ci::Build', :status, 0, :naive, :naive "
             "FROM generate_series(1, :n) g WHERE g % 2 = 1"
         )
-        conn.execute(text(build), dict(pipeline=PIPELINE, name="deploy", status="success", naive=naive, n=n))
-        conn.execute(text(build), dict(pipeline=PIPELINE, name="stop_review", status="manual", naive=naive, n=n))
-        conn.execute(text(
+        ci.execute(text(build), dict(pipeline=PIPELINE, name="deploy", status="success", naive=naive, n=n))
+        ci.execute(text(build), dict(pipeline=PIPELINE, name="stop_review", status="manual", naive=naive, n=n))
+        # Each deployment names its deploy build (in ci, on a decomposed GitLab: read there, written in main).
+        deploys = ci.execute(text(
+            "SELECT commit_id - :pipeline AS env_id, id FROM p_ci_builds "
+            "WHERE name = 'deploy' AND commit_id > :pipeline"
+        ), dict(pipeline=PIPELINE)).all()
+        main.execute(text(
             "INSERT INTO deployments (iid, project_id, environment_id, ref, tag, sha, status, deployable_type, "
             "deployable_id, on_stop, created_at, updated_at) "
-            "SELECT b.commit_id - :pipeline, 1, b.commit_id - :pipeline, 'main', false, repeat('a', 40), 2, "
-            "'CommitStatus', b.id, "
-            "'stop_review', :naive, :naive FROM p_ci_builds b WHERE b.name = 'deploy' AND b.commit_id > :pipeline"
-        ), dict(pipeline=PIPELINE, naive=naive))
+            "SELECT d.env_id, 1, d.env_id, 'main', false, repeat('a', 40), 2, 'CommitStatus', d.build_id, "
+            "'stop_review', :naive, :naive "
+            "FROM unnest(CAST(:envs AS bigint[]), CAST(:builds AS bigint[])) AS d (env_id, build_id)"
+        ), dict(envs=[d.env_id for d in deploys], builds=[d.id for d in deploys], naive=naive))
 
     def keeper_ids(self, conn, n):
         return {"environments": list(range(n + 1, n + 2 * KEEPERS + 1))}
 
-    def classify(self, conn, client, seeded, ids):
+    @staticmethod
+    def stop_actions(conn: Conns, columns: str, ids: list[int]) -> dict[int, tuple]:
+        """``columns`` of each environment's stop action (``s``), by environment id: in ci, the environments in main."""
         query = text(
-            "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared, s.status, s.lock_version, "
-            "s.queued_at IS NOT NULL AS queued, "
-            "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending "
-            "FROM environments e LEFT JOIN p_ci_builds s ON s.commit_id = :pipeline + e.id AND s.name = 'stop_review' "
-            "WHERE e.id IN :ids"
+            f"SELECT s.commit_id - :pipeline AS env_id, {columns} FROM p_ci_builds s "
+            "WHERE s.commit_id - :pipeline IN :ids AND s.commit_id > :pipeline AND s.name = 'stop_review'"
         ).bindparams(bindparam("ids", expanding=True))
-        rows = {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1], "pipeline": PIPELINE})}
+        return {r.env_id: tuple(r)[1:]
+                for r in conn.of("p_ci_builds").execute(query, {"ids": ids or [-1], "pipeline": PIPELINE})}
+
+    def classify(self, conn, client, seeded, ids):
+        # What a LEFT JOIN of environments and their stop actions gave, on one database.
+        query = text(
+            "SELECT e.id, e.state, e.auto_stop_at IS NULL AS cleared FROM environments e WHERE e.id IN :ids"
+        ).bindparams(bindparam("ids", expanding=True))
+        actions = self.stop_actions(
+            conn, "s.status, s.lock_version, s.queued_at IS NOT NULL AS queued, "
+            "EXISTS (SELECT 1 FROM ci_pending_builds p WHERE p.build_id = s.id) AS pending", ids)
+        rows = {r.id: tuple(r)[1:] + actions.get(r.id, (None, None, False, False))
+                for r in conn.of("environments").execute(query, {"ids": ids or [-1]})}
         envs = _rows(conn, "environments", ids)
+        # Decomposed, no transaction spans main and ci: a run killed after ci's commit (the stop action played and
+        # queued, once) and before main's leaves the environment as seeded; the next run picks it again, plays
+        # nothing twice (lock_version stays 1, else a violation) and finishes it. That is untouched there, and a
+        # half-processed row on one database, where both are one transaction.
+        between_commits = isinstance(conn.engine, Databases)
         state = State()
         for env_id in ids:
             what = rows.get(env_id)
             if env_id % 2:
                 done = what == ("stopping", False, "pending", 1, True, True)
-                # Killed between the two commits (stop action played in ci, environment not yet written in main):
-                # still available, and the next run finishes it without playing the action again.
-                untouched = what in {("available", False, "manual", 0, False, False),
-                                     ("available", False, "pending", 1, True, True)}
+                untouched = what == ("available", False, "manual", 0, False, False) or (
+                    between_commits and what == ("available", False, "pending", 1, True, True))
             else:
                 done = what == ("stopped", True, None, None, False, False)
                 untouched = what == ("available", False, None, None, False, False)
@@ -475,18 +561,18 @@ class EnvironmentsAutoStop(Scenario):
         ).bindparams(bindparam("ids", expanding=True))
         now = utc_now()
         params = {"later": now + dt.timedelta(days=1), "naive": naive_utc(now), "ids": ids}
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, params)}
+        return {r.id: tuple(r)[1:] for r in conn.of("environments").execute(query, params)}
 
     def read_written(self, conn, ids):
         # The environment as written, and its stop action never played.
-        query = text(
-            "SELECT e.id, e.state, e.auto_stop_at, s.status, s.lock_version FROM environments e "
-            "LEFT JOIN p_ci_builds s ON s.commit_id = :pipeline + e.id AND s.name = 'stop_review' WHERE e.id IN :ids"
-        ).bindparams(bindparam("ids", expanding=True))
+        query = text("SELECT e.id, e.state, e.auto_stop_at FROM environments e WHERE e.id IN :ids").bindparams(
+            bindparam("ids", expanding=True))
+        actions = self.stop_actions(conn, "s.status, s.lock_version", ids)
         found = {}
-        for r in conn.execute(query, {"ids": ids or [-1], "pipeline": PIPELINE}):
-            if r.id % 2 and (r.status, r.lock_version) != ("manual", 0):
-                found[r.id] = (r.state, r.auto_stop_at, f"stop action {r.status}/{r.lock_version}")
+        for r in conn.of("environments").execute(query, {"ids": ids or [-1]}):
+            status, lock_version = actions.get(r.id, (None, None))
+            if r.id % 2 and (status, lock_version) != ("manual", 0):
+                found[r.id] = (r.state, r.auto_stop_at, f"stop action {status}/{lock_version}")
             else:
                 found[r.id] = (r.state, r.auto_stop_at)
         return found
@@ -504,7 +590,7 @@ class BulkDeleteJobArtifacts(Scenario):
 
     def seed(self, conn, client, n):
         now = utc_now()
-        conn.execute(text(
+        conn.of("feature_gates").execute(text(  # GitLab's flags in main, the artifacts in ci
             "INSERT INTO feature_gates (feature_key, key, value, created_at, updated_at) "
             "VALUES ('bulk_delete_job_artifacts', 'boolean', 'true', now(), now())"
         ))
@@ -515,6 +601,7 @@ class BulkDeleteJobArtifacts(Scenario):
             ":created FROM generate_series(1, :n) g"
         )
         expired, week = now - dt.timedelta(days=2), now - dt.timedelta(days=7)
+        conn = conn.of("p_ci_job_artifacts")
         conn.execute(text(insert), dict(job=0, file_type=1, locked=0, expire_at=expired, created=week, n=n))
         conn.execute(text(insert), dict(job=n, file_type=1, locked=1, expire_at=expired, created=week, n=KEEPERS))
         conn.execute(text(insert), dict(job=n + KEEPERS, file_type=3, locked=0, expire_at=expired, created=week,
@@ -528,7 +615,7 @@ class BulkDeleteJobArtifacts(Scenario):
     def classify(self, conn, client, seeded, ids):
         rows = _rows(conn, "ci_job_artifacts", ids)
         # store_dir ends in <job_id>/<artifact id> (JobArtifactUploader#hashed_path)
-        objects = dict(conn.execute(text(
+        objects = dict(conn.of("ci_deleted_objects").execute(text(
             "SELECT regexp_replace(store_dir, '^.*/', '')::bigint, count(*) FROM ci_deleted_objects GROUP BY 1"
         )).all())
         state = State()
@@ -553,12 +640,13 @@ class BulkDeleteJobArtifacts(Scenario):
             "UPDATE p_ci_job_artifacts SET locked = 1, updated_at = :now WHERE id IN :ids "
             "RETURNING id, locked, updated_at"
         ).bindparams(bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"now": utc_now(), "ids": ids})}
+        params = {"now": utc_now(), "ids": ids}
+        return {r.id: tuple(r)[1:] for r in conn.of("p_ci_job_artifacts").execute(query, params)}
 
     def read_written(self, conn, ids):
         query = text("SELECT id, locked, updated_at FROM p_ci_job_artifacts WHERE id IN :ids").bindparams(
             bindparam("ids", expanding=True))
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        return {r.id: tuple(r)[1:] for r in conn.of("p_ci_job_artifacts").execute(query, {"ids": ids or [-1]})}
 
 
 # Where DeleteExpiredArtifactFiles keeps its stored files: one folder for every process of the session, each
@@ -595,6 +683,7 @@ class DeleteExpiredArtifactFiles(Scenario):
         )
         now = utc_now()
         hour_ago, tomorrow = now - dt.timedelta(hours=1), now + dt.timedelta(days=1)
+        conn = conn.of("ci_deleted_objects")
         dirs = list(conn.scalars(text(insert), dict(store=1, kind="due", at=hour_ago, n=n)))
         dirs += conn.scalars(text(insert), dict(store=1, kind="later", at=tomorrow, n=KEEPERS)).all()
         dirs += conn.scalars(text(insert), dict(store=2, kind="remote", at=hour_ago, n=KEEPERS)).all()
@@ -607,7 +696,8 @@ class DeleteExpiredArtifactFiles(Scenario):
 
     def classify(self, conn, client, seeded, ids):
         rows = _rows(conn, "ci_deleted_objects", ids)
-        store_dir = list(conn.execute(text("SELECT * FROM ci_deleted_objects LIMIT 0")).keys()).index("store_dir")
+        columns = conn.of("ci_deleted_objects").execute(text("SELECT * FROM ci_deleted_objects LIMIT 0")).keys()
+        store_dir = list(columns).index("store_dir")
         state = State()
         for row_id in ids:
             on_disk = self.path(seeded.snapshot[row_id][store_dir]).exists()
@@ -624,13 +714,13 @@ class DeleteExpiredArtifactFiles(Scenario):
             "UPDATE ci_deleted_objects SET pick_up_at = :later WHERE id IN :ids RETURNING id, pick_up_at"
         ).bindparams(bindparam("ids", expanding=True))
         later = utc_now() + dt.timedelta(hours=1)
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"later": later, "ids": ids})}
+        return {r.id: tuple(r)[1:] for r in conn.of("ci_deleted_objects").execute(query, {"later": later, "ids": ids})}
 
     def read_written(self, conn, ids):
         query = text("SELECT id, pick_up_at FROM ci_deleted_objects WHERE id IN :ids").bindparams(
             bindparam("ids", expanding=True)
         )
-        return {r.id: tuple(r)[1:] for r in conn.execute(query, {"ids": ids or [-1]})}
+        return {r.id: tuple(r)[1:] for r in conn.of("ci_deleted_objects").execute(query, {"ids": ids or [-1]})}
 
 
 SCENARIOS = {
@@ -726,11 +816,12 @@ def start_cli(scenario: Scenario, stack, home: Path, run_config: dict) -> CliRun
     config = home / "run_config.yaml"
     config.write_text(json.dumps(run_config))  # JSON is YAML
     log = home / "run.log"
+    ci_url = stack.ci_url()  # GitLab as deployed: ci too (the runs reach both through PgBouncer)
     with log.open("w") as out:
         process = subprocess.Popen(
             [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", scenario.name, "-c", str(config)],
             env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url,
-                          DAGSTER_HOME=str(home)),
+                          DAGSTER_HOME=str(home), **({"CI_CLEANUP_CI_DATABASE_URL": ci_url} if ci_url else {})),
             stdout=out, stderr=subprocess.STDOUT, cwd=home,
         )
     return CliRun(home, process, log)
@@ -764,30 +855,37 @@ class LeaseWatch(threading.Thread):
         return self.holders
 
 
-def client_backends(engine: Engine) -> set[int]:
-    with engine.connect() as conn:
-        return set(conn.scalars(text(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
-        )))
+def client_backends(engine: Engine | Databases) -> set[int]:
+    """Client sessions on the GitLab database(s) (main's and ci's, decomposed)."""
+    found = set()
+    for one in engines(engine):
+        with one.connect() as conn:
+            found |= set(conn.scalars(text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend'"
+            )))
+    return found
 
 
-def wait_for_backends_to_end(engine: Engine, keep: set[int], timeout: float = 10) -> None:
+def wait_for_backends_to_end(engine: Engine | Databases, keep: set[int], timeout: float = 10) -> None:
     """A killed run's server sessions end (and roll back) once PostgreSQL notices the closed socket."""
     deadline = time.monotonic() + timeout
     while True:
-        with engine.connect() as conn:
-            mine = conn.scalar(text("SELECT pg_backend_pid()"))
-        left = client_backends(engine) - keep - {mine}
+        mine = set()
+        for one in engines(engine):
+            with one.connect() as conn:
+                mine.add(conn.scalar(text("SELECT pg_backend_pid()")))
+        left = client_backends(engine) - keep - mine
         if not left:
             return
         assert time.monotonic() < deadline, f"backends of a killed run still there after {timeout} s: {left}"
         time.sleep(0.02)
 
 
-def _writer(send, stop, scenario: Scenario, url: str, candidates: list[int], seed: int, parent_engines) -> None:
+def _writer(send, stop, scenario: Scenario, urls: Urls, candidates: list[int], seed: int, parent_engines) -> None:
     for engine in parent_engines:
         engine.dispose(close=False)
-    engine = create_engine(url)
+    engine = engine_of(urls)
     rng = random.Random(seed)
     order = list(candidates)
     rng.shuffle(order)
@@ -795,7 +893,7 @@ def _writer(send, stop, scenario: Scenario, url: str, candidates: list[int], see
     try:
         while order and not stop.is_set():
             picked = [order.pop() for _ in range(min(5, len(order)))]
-            with engine.begin() as conn:
+            with connections(engine, begin=True) as conn:
                 written.update(scenario.write(conn, picked, rng))
                 time.sleep(0.03)  # hold the row locks: the job's statements wait on them and re-check
             time.sleep(0.002)
@@ -804,10 +902,11 @@ def _writer(send, stop, scenario: Scenario, url: str, candidates: list[int], see
         send.send(written)
 
 
-def start_writer(scenario: Scenario, url: str, candidates: list[int], seed: int, parent_engines):
+def start_writer(scenario: Scenario, urls: Urls, candidates: list[int], seed: int, parent_engines):
+    """Another process changing candidates as GitLab would, on ``urls`` (:func:`direct_urls`)."""
     receive, send = FORK.Pipe(duplex=False)
     stop = FORK.Event()
-    process = FORK.Process(target=_writer, args=(send, stop, scenario, url, candidates, seed, parent_engines),
+    process = FORK.Process(target=_writer, args=(send, stop, scenario, urls, candidates, seed, parent_engines),
                            daemon=True)
     process.start()
     send.close()
@@ -844,21 +943,22 @@ def wait_for_lease_to_expire(client, key: str, ttl: int) -> float:
 
 # --------------------------------------------------------------------------- SIGKILL trials, one series per job
 
-def execute(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, *, raise_on_error: bool = True):
+def execute(scenario: Scenario, urls: Urls, redis_url: str, run_config: dict, *, raise_on_error: bool = True):
+    main, ci = urls
     return scenario.job.execute_in_process(
         run_config=run_config,
-        resources=job_resources(db_url, redis_url),
+        resources=job_resources(main, redis_url, ci_database_url=ci),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
     )
 
 
-def _killable_run(scenario: Scenario, db_url: str, redis_url: str, run_config: dict, lease_ttl: int | None, send,
+def _killable_run(scenario: Scenario, urls: Urls, redis_url: str, run_config: dict, lease_ttl: int | None, send,
                   parent_engines) -> None:
     for engine in parent_engines:
         engine.dispose(close=False)
     scenario.shorten_lease(lease_ttl)  # this process only: the dead run's lease must expire soon
-    result = execute(scenario, db_url, redis_url, run_config, raise_on_error=False)
+    result = execute(scenario, urls, redis_url, run_config, raise_on_error=False)
     errors = [e.event_specific_data.error.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     send.send({"success": result.success, "metadata": _report(result, scenario.report_op), "errors": errors})
 
@@ -872,12 +972,12 @@ class CrashSettings:
     lease_ttl: int
 
 
-def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str) -> dict:
+def crash_series(scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str) -> dict:
     """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row, let the next run
-    finish."""
+    finish. ``urls``: one database, or main and ci (straight to PostgreSQL: a killed run's sessions end there)."""
     import redis
 
-    engine, client = create_engine(db_url, pool_size=2), redis.Redis.from_url(redis_url)
+    engine, client = engine_of(urls, pool_size=2), redis.Redis.from_url(redis_url)
     rng = random.Random(seed)
     config = scenario.run_config(settings.batch)
     violations: list[str] = []
@@ -891,7 +991,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
             receive, send = FORK.Pipe(duplex=False)
             lease_ttl = settings.lease_ttl if scenario.lease else None
             run = FORK.Process(target=_killable_run,
-                               args=(scenario, db_url, redis_url, config, lease_ttl, send, [engine]), daemon=True)
+                               args=(scenario, urls, redis_url, config, lease_ttl, send, engines(engine)), daemon=True)
             run.start()
             send.close()
             run.join(rng.uniform(0, settings.kill_within))
@@ -927,7 +1027,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
                 occupied = sorted(artifact_buckets.read_state(client).occupied)
                 if occupied and state.untouched:
                     # The dead worker's bucket is not handed out before stale recovery...
-                    first = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
+                    first = _report(execute(scenario, urls, redis_url, config), scenario.report_op)
                     done_by_next += first["destroyed_job_artifacts_count"]
                     # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
                     held = {i for i in state.untouched
@@ -940,7 +1040,7 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
                 # ...and is recovered once ten minutes have passed.
                 stale = age_occupied_buckets(client)
 
-            recovery = _report(execute(scenario, db_url, redis_url, config), scenario.report_op)
+            recovery = _report(execute(scenario, urls, redis_url, config), scenario.report_op)
             done_by_next += scenario.done_count(recovery)
             if recovery["status"] != "success" or done_by_next != to_do:
                 violations.append(f"trial {trial}: the next run did {done_by_next} of {to_do}: {recovery}")
@@ -960,24 +1060,25 @@ def crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: Cras
     return {"figures": figures, "violations": violations[:50]}
 
 
-def _series_process(send, scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str,
+def _series_process(send, scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str,
                     parent_engines) -> None:
     import traceback
 
     for engine in parent_engines:
         engine.dispose(close=False)
     try:
-        send.send(crash_series(scenario, db_url, redis_url, settings, seed))
+        send.send(crash_series(scenario, urls, redis_url, settings, seed))
     except BaseException:  # noqa: BLE001 - the parent fails the test with it
         send.send({"figures": {}, "violations": [traceback.format_exc()]})
 
 
-def start_crash_series(scenario: Scenario, db_url: str, redis_url: str, settings: CrashSettings, seed: str,
+def start_crash_series(scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str,
                        parent_engines):
-    """One job's trials in a process of their own (their own database and Redis db), so the five series overlap."""
+    """One job's trials in a process of their own (their own database(s) and Redis db), so the five series
+    overlap."""
     receive, send = FORK.Pipe(duplex=False)
     process = FORK.Process(target=_series_process,
-                           args=(send, scenario, db_url, redis_url, settings, seed, parent_engines))
+                           args=(send, scenario, urls, redis_url, settings, seed, parent_engines))
     process.start()
     send.close()
 

@@ -10,6 +10,9 @@ SIGKILL at random points, and concurrent writers.
 - Concurrent writers: while a job runs, another process changes candidates as GitLab would; each
   change the writer made is still there afterwards.
 
+Each test runs on one database and on GitLab as deployed (main + ci, the runs through PgBouncer; the crash
+series on a main + ci pair of their own per job).
+
 The figures (trials, kills that hit mid-work, rows checked, violations) go to
 ``test-artifacts/reliability_concurrency.json`` and the test output.
 """
@@ -24,16 +27,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from ci_cleanup.devstack import lay_out_decomposed
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.schema import create_schema
 
-from .harness import reset
+from .harness import DeployedStack, on, reset
 from .reliability import (
     FORK,
     SCENARIOS,
     CrashSettings,
     LeaseWatch,
     changed_more_than_once,
+    connections,
+    direct_urls,
+    engine_of,
+    engines,
     fork_run,
     install_audit,
     remove_audit,
@@ -42,6 +50,8 @@ from .reliability import (
     start_writer,
 )
 from .runner import op_metadata, run_job
+
+pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
 N_CONCURRENT = 2400  # candidates for runs started at once
 CONCURRENT_BATCH = 20  # small batches: each run lasts long enough for the others to overlap it
@@ -57,7 +67,7 @@ JOBS = sorted(SCENARIOS)
 # delete_expired_artifact_files drains the ci_deleted_objects rows schedule_bulk_delete_job_artifacts writes:
 # side by side in one database, neither's rows could be told apart. Its CLI runs are a group of their own.
 CLI_GROUPS = [[name for name in JOBS if name != "delete_expired_artifact_files"], ["delete_expired_artifact_files"]]
-FIGURES: dict[str, dict] = {}
+FIGURES: dict[str, dict] = {}  # keys: <layout>/<test>/<job>
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
@@ -121,6 +131,10 @@ def assert_each_row_changed_once(scenario, seeded, results, holders, engine, red
     }
 
 
+def layout(stack) -> str:
+    return "deployed" if isinstance(stack, DeployedStack) else "direct"
+
+
 @pytest.mark.parametrize("group", CLI_GROUPS, ids=["the five seeds' jobs", "delete_expired_artifact_files"])
 def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_exactly_once(
     stack, engine, redis_client, audit, tmp_path, group
@@ -139,10 +153,9 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
     results = {name: [run.result(SCENARIOS[name].report_op) for run in runs] for name, runs in started.items()}
     holders = {name: watch.stop() for name, watch in watches.items()}
 
-    with engine.connect() as conn:
-        assert changed_more_than_once(conn) == []
+    assert changed_more_than_once(engine) == []
     for name in group:
-        FIGURES[f"concurrency/{name}/2 runs via dagster CLI"] = assert_each_row_changed_once(
+        FIGURES[f"{layout(stack)}/concurrency/{name}/2 runs via dagster CLI"] = assert_each_row_changed_once(
             SCENARIOS[name], seeded[name], results[name], holders.get(name, []), engine, redis_client
         )
 
@@ -152,7 +165,7 @@ def test_four_runs_started_at_once_change_each_row_exactly_once(stack, engine, _
     scenario = SCENARIOS[job_name]
     seeded = scenario.reset_and_seed(engine, redis_client, N_CONCURRENT)
     barrier = FORK.Barrier(5)
-    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), [_engine], barrier=barrier)
+    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), engines(_engine), barrier=barrier)
               for _ in range(4)]
     watch = LeaseWatch(stack.redis_url, scenario.lease) if scenario.lease else None
     if watch:
@@ -161,49 +174,62 @@ def test_four_runs_started_at_once_change_each_row_exactly_once(stack, engine, _
     results = [run.result() for run in forked]
     holders = watch.stop() if watch else []
 
-    with engine.connect() as conn:
-        assert changed_more_than_once(conn) == []
-    FIGURES[f"concurrency/{job_name}/4 forked runs"] = assert_each_row_changed_once(
+    assert changed_more_than_once(engine) == []
+    FIGURES[f"{layout(stack)}/concurrency/{job_name}/4 forked runs"] = assert_each_row_changed_once(
         scenario, seeded, results, holders, engine, redis_client
     )
 
 
 @pytest.fixture
 def crash_targets(stack):
-    """A database and a Redis db per job, so the five series of trials run side by side without meeting."""
-    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
+    """A database (deployed: a main and a ci database, ``crash_<job>`` and ``crash_<job>_ci``, laid out as GitLab
+    does) and a Redis db per job, so the five series of trials run side by side without meeting. The runs reach
+    them straight, not through PgBouncer: a killed run's sessions must end (and roll back) in PostgreSQL."""
+    embedded = stack.embedded if isinstance(stack, DeployedStack) else stack
+    admin = create_engine(embedded.url("postgres"), isolation_level="AUTOCOMMIT")
+    decomposed = isinstance(stack, DeployedStack)
+    names = {name: [f"crash_{name}", *([f"crash_{name}_ci"] if decomposed else [])] for name in JOBS}
     targets = {}
     for number, name in enumerate(JOBS, start=1):
-        database = f"crash_{name}"
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{database}"'))
-        engine = create_engine(stack.url(database))
-        create_schema(engine)
+            for database in names[name]:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+                conn.execute(text(f'CREATE DATABASE "{database}"'))
+        urls = (embedded.url(names[name][0]), embedded.url(names[name][1]) if decomposed else None)
+        if decomposed:
+            lay_out_decomposed(*urls)
+        else:
+            engine = create_engine(urls[0])
+            create_schema(engine)
+            engine.dispose()
+        engine = engine_of(urls)
         install_audit(engine)
         engine.dispose()
-        targets[name] = (stack.url(database), f"{stack.redis_url}?db={number}")
+        targets[name] = (urls, f"{stack.redis_url}?db={number}")
     yield targets
     with admin.connect() as conn:
         for name in JOBS:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "crash_{name}" WITH (FORCE)'))
+            for database in names[name]:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
     admin.dispose()
 
 
-def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_next_run_finishes(_engine, crash_targets):
+def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_next_run_finishes(
+    stack, _engine, crash_targets
+):
     """20 seeded trials per job (the five series at once): kill, check every row, the lease expires, the next run
     finishes."""
     settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=TRIALS, kill_within=KILL_WITHIN,
                              lease_ttl=CRASH_LEASE_TTL)
     series = {
         name: start_crash_series(SCENARIOS[name], *crash_targets[name], settings, seed=f"sigkill/{name}",
-                                 parent_engines=[_engine])
+                                 parent_engines=engines(_engine))
         for name in JOBS
     }
     outcomes = {name: result() for name, result in series.items()}
 
     for name, outcome in outcomes.items():
-        FIGURES[f"crash/{name}"] = outcome["figures"]
+        FIGURES[f"{layout(stack)}/crash/{name}"] = outcome["figures"]
     assert {name: outcome["violations"] for name, outcome in outcomes.items()} == {name: [] for name in JOBS}
     for name in JOBS:
         figures = outcomes[name]["figures"]
@@ -216,22 +242,23 @@ def test_changes_made_by_a_concurrent_writer_are_never_overwritten(
 ):
     scenario = SCENARIOS[job_name]
     seeded = scenario.reset_and_seed(engine, redis_client, N_WRITER)
-    finish_writer = start_writer(scenario, stack.url(), seeded.candidates, seed=9, parent_engines=[_engine])
+    finish_writer = start_writer(scenario, direct_urls(stack), seeded.candidates, seed=9,
+                                 parent_engines=engines(_engine))
     time.sleep(0.2)  # the writer is at work before the job starts
 
     result = run_job(scenario.job, stack, run_config=scenario.run_config(WRITER_BATCH))
     written = finish_writer()
 
     assert written, "the writer changed nothing"
-    with engine.connect() as conn:
+    with connections(engine) as conn:
         now = scenario.read_written(conn, list(written))
-        # a written row is changed by the writer alone, the others by the job alone
-        twice = changed_more_than_once(conn)
+    # a written row is changed by the writer alone, the others by the job alone
+    twice = changed_more_than_once(engine)
     overwritten = {row_id: (value, now.get(row_id)) for row_id, value in written.items() if now.get(row_id) != value}
     state = scenario.check(engine, redis_client, seeded, exclude=set(written))
     report = op_metadata(result, scenario.report_op)
 
-    FIGURES[f"writer/{job_name}"] = {
+    FIGURES[f"{layout(stack)}/writer/{job_name}"] = {
         "rows_changed_by_writer": len(written),
         "rows_done_by_job": len(state.done),
         "rows_checked": N_WRITER + sum(len(k) for k in seeded.keepers.values()),
@@ -252,6 +279,7 @@ def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine)
     from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
     from ci_cleanup.stale_runner_machines_cleanup import service
 
+    engine = on(engine, "ci_runner_machines")  # deployed: ci's
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, created_at, updated_at, "
