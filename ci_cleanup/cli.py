@@ -300,8 +300,9 @@ def run_jobs(
                     reported.update({k: v for k, v in metadata.items() if k.startswith("would_")})
                     if ROWS_CHANGED in metadata:
                         final = metadata
-                elif event.event_type_value == "STEP_FAILURE" and not error:
-                    failure = event.step_failure_data.error
+                elif not error and getattr(event.event_specific_data, "error", None) is not None:
+                    # A step's failure, or a resource that could not start (a server, GitLab's files).
+                    failure = event.event_specific_data.error
                     error = (_innermost(failure).message.strip(), failure.to_string())
             summary.append((job.name, result.success, {**final, **reported}, error))
     return summary

@@ -392,3 +392,27 @@ def test_dev_on_configured_servers_takes_a_bare_postgresql_url_for_the_dagster_i
     assert "No module named 'psycopg'" not in output
     assert process.returncode == 0, output[-3000:]
     assert not (tmp_path / "unused").exists()  # the configured servers only
+
+
+def test_one_run_with_only_gitlabs_config_folder_as_beside_an_omnibus_gitlab(stack, engine, redis_client, tmp_path):
+    """CI_CLEANUP_GITLAB_CONFIG_DIR alone: database.yml and resque.yml as Omnibus writes them (socket folder,
+    ``unix:/…`` Redis URL); the run uses them, not the embedded stack."""
+    seed(engine, redis_client)
+    socket_dir = make_url(stack.url()).query["host"]
+    (tmp_path / "database.yml").write_text(
+        f"production:\n  main:\n    adapter: postgresql\n    database: gitlab\n    username: postgres\n"
+        f"    host: {socket_dir}\n  ci:\n    adapter: postgresql\n    database: gitlab\n    username: postgres\n"
+        f"    host: {socket_dir}\n    database_tasks: false\n")
+    (tmp_path / "resque.yml").write_text(f"production:\n  url: unix:{stack.redis_url.removeprefix('unix://')}\n")
+
+    done = subprocess.run(
+        [".venv/bin/ci-cleanup", "run", "drop_canceling_builds"],
+        env=clean_env(CI_CLEANUP_GITLAB_CONFIG_DIR=str(tmp_path)), capture_output=True, text=True, cwd=REPO,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == f"Using GitLab's config files in {tmp_path} (CI_CLEANUP_GITLAB_CONFIG_DIR)"
+    assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
+    with engine.connect() as conn:  # the demo's 120 outdated canceling builds, dropped in the files' database
+        assert conn.scalar(text("SELECT count(*) FROM p_ci_builds WHERE failure_reason = 3")) == 120

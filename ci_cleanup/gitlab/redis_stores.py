@@ -274,6 +274,8 @@ def parse_entry(store: str, entry: object, source: str, name: str) -> StoreConfi
     url = _optional_text(entry, "url", name)
     if url is None:
         raise StoreConfigError(f"{name}: url is missing")
+    if url.startswith("unix:/") and not url.startswith("unix://"):
+        url = "unix://" + url.removeprefix("unix:")  # Omnibus writes unix:/var/opt/gitlab/redis/redis.socket
     if entry.get("sentinels"):
         return _sentinel(entry, url, name, common)
     if password is not None or username is not None:  # GitLab's password: key beside a URL without one
