@@ -112,8 +112,9 @@ class GitLabDatabase(ConfigurableResource):
     (``CI_CLEANUP_CI_DATABASE_URL``; unset, the CI tables are in the main database, GitLab's single-database
     setup). Each table is used in the database of its GitLab schema (:func:`engine_for`); no job picks one.
 
-    The URLs default to the environment variables (the config shows the main one's name, never a value), so
-    any other field can be set in the Launchpad without repeating a URL. Each database gets its own engine.
+    The URLs are read when a run starts: a field set, else its variable, else GitLab's ``database.yml`` (in
+    ``CI_CLEANUP_GITLAB_CONFIG_DIR``); so any other field can be set in the Launchpad without a URL, and no
+    password enters run config. Each database gets its own engine.
     """
 
     url: str | None = Field(
@@ -147,8 +148,10 @@ class GitLabDatabase(ConfigurableResource):
 
     _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)
     _tables: GitLabSchema | None = PrivateAttr(default=None)
+    _resolved: dict[str, str] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._resolved = self._read_urls()
         try:
             for database in self._urls:
                 self._engines[database] = self._create_engine(database, self.pool_size)
@@ -165,6 +168,9 @@ class GitLabDatabase(ConfigurableResource):
 
     @property
     def _urls(self) -> dict[str, str]:
+        return self._resolved if self._resolved is not None else self._read_urls()
+
+    def _read_urls(self) -> dict[str, str]:
         """Each database's URL: the field, else its variable, else GitLab's database.yml (variables override it)."""
         main = self.url or os.environ.get(_VARIABLES[MAIN_DATABASE])
         ci = self.ci_url or os.environ.get(CI_DATABASE_ENV)
