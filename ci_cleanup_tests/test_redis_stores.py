@@ -23,6 +23,7 @@ from sqlalchemy import func, insert, select
 
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE_KEY
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
 from ci_cleanup.gitlab.config_files import database_urls
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
@@ -220,11 +221,9 @@ def config_dir(tmp_path, monkeypatch, stack, sentinel_set, redis_cluster):
 
 
 def _run_configured(job, config_folder, capfd, **kwargs):
-    main_url, ci_url = database_urls(config_folder)
-    assert ci_url is None
+    assert database_urls(config_folder)[1] is None  # Omnibus' ci: entry on main's database: one database
     result = job.execute_in_process(
-        resources={"gitlab_db": GitLabDatabase(url=main_url), "gitlab_redis": GitLabRedis(),
-                   "run_options": RunOptions()},
+        resources={"gitlab_db": GitLabDatabase(), "gitlab_redis": GitLabRedis(), "run_options": RunOptions()},
         instance=DagsterInstance.ephemeral(), raise_on_error=False, **kwargs,
     )
     captured = capfd.readouterr()
@@ -271,6 +270,10 @@ def test_a_config_folder_alone_runs_each_job_on_the_stores_gitlab_uses(
         == (0, 3)
     assert op_metadata(exports, "fail_stuck_export_jobs")["redis_sidekiq_status"] == (
         f"default: Redis ({folder}/resque.yml production) at {stack.redis_url}")
+    environment = create(engine, "environments", auto_stop_at=ago(hours=1))
+    stopped = _run_configured(environments_auto_stop, folder, capfd)
+    assert op_metadata(stopped, "find_auto_stoppable_environments")["redis_leases"] == find["redis_leases"]
+    assert row(engine, "environments", environment).state == "stopped"
     for client in (plain, sentinel, cluster):
         assert client.keys(PREFIX + "*") == []  # every lease given back
 
