@@ -332,8 +332,9 @@ def test_make_refuses_a_python_that_is_not_3_11_and_rebuilds_a_venv_left_by_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile", "pyproject.toml", "python312"]
 
 
-def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(stack, engine, monkeypatch):
-    """The README's Launchpad example: `url: {env: …}` beside the field changed; no URL in the stored run config."""
+def test_a_resource_field_set_in_the_launchpad_needs_no_url(stack, engine, monkeypatch):
+    """The README's Launchpad example: only the field changed; the URLs are read from the environment when the run
+    starts, and none is in the stored run config."""
     from dagster import DagsterInstance
 
     from ci_cleanup import defs
@@ -343,9 +344,9 @@ def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(st
     monkeypatch.setenv("CI_CLEANUP_DATABASE_URL", stack.url())
     monkeypatch.setenv("CI_CLEANUP_REDIS_URL", stack.redis_url)
     stale = create(engine, "ci_runner_machines", created_at=ago(days=30), contacted_at=ago(days=8))
-    run_config = {"resources": {"gitlab_db": {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}}}
+    run_config = {"resources": {"gitlab_db": {"config": {"pool_size": 4}}}}
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert "`resources: {gitlab_db: {config: {url: {env: CI_CLEANUP_DATABASE_URL}, pool_size: 4}}}`" in readme
+    assert "`resources: {gitlab_db: {config: {pool_size: 4}}}`" in readme
     assert "never paste a URL with its password there" in readme
 
     with DagsterInstance.ephemeral() as instance:
@@ -355,7 +356,7 @@ def test_a_resource_field_set_in_the_launchpad_keeps_the_url_an_env_reference(st
         stored = instance.get_run_by_id(result.run_id).run_config
 
     assert result.success
-    assert stored["resources"]["gitlab_db"] == {"config": {"url": {"env": "CI_CLEANUP_DATABASE_URL"}, "pool_size": 4}}
+    assert stored["resources"]["gitlab_db"] == {"config": {"pool_size": 4}}
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM ci_runner_machines WHERE id = :id"), {"id": stale}) == 0
 
