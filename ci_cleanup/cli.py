@@ -533,6 +533,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory-candidates", type=int, default=1_000_000, help="candidates of the big memory run")
     bench.add_argument("--repeats", type=int, default=3, help="service and raw SQL runs on the big tables (median)")
     bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
+    bench.add_argument("--deployed", action="store_true",
+                       help="only the launched jobs direct vs as deployed (PgBouncer, two URLs); replaces that "
+                            "section of the output")
     default_output = str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     bench.add_argument("--output", default=default_output, help="'' to skip")
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")

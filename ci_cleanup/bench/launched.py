@@ -97,8 +97,10 @@ class Launched:
 
     @property
     def deployed_vs_direct(self) -> float | None:
-        """The launched job through PgBouncer with two database URLs, over the same launch direct (medians)."""
-        return self.median(DEPLOYED) / self.median("job") if self.seconds[DEPLOYED] else None
+        """The launched job through PgBouncer with two database URLs over the same launch direct: the median of the
+        rounds' ratios (each round's two launches ran back to back, so a busy moment of the machine weighs on both)."""
+        pairs = zip(self.seconds[DEPLOYED], self.seconds["job"])
+        return statistics.median(deployed / direct for deployed, direct in pairs) if self.seconds[DEPLOYED] else None
 
     @property
     def vs_floor(self) -> float:
@@ -267,9 +269,11 @@ def launch(env: dict[str, str], job: str, log_dir: Path, location: tuple[str, st
 
 
 def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print,
-              deployed_env: dict[str, str] | None = None) -> Launched:
+              deployed_env: dict[str, str] | None = None, contenders: tuple[str, ...] = CONTENDERS) -> Launched:
+    """``contenders`` in alternating order each round (with "deployed" when ``deployed_env`` is given), then the
+    job's idle runs when the floor is among them (they only serve the comparison with the floor)."""
     figures = Launched(job, n)
-    contenders = (*CONTENDERS, DEPLOYED) if deployed_env else CONTENDERS
+    contenders = (*contenders, DEPLOYED) if deployed_env else contenders
     before = add_candidates(engine, client, job, n)
     recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     floor_conn = connect(env["CI_CLEANUP_DATABASE_URL"])
@@ -304,15 +308,17 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                                          "the first run:"
                                          f"\n{state}\n!=\n{expected}")
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
-        figures.idle = [launch(env, job, log_dir)[2] for _ in range(IDLE_RUNS)]  # the rounds left nothing to do
-        log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s")
+        if "floor" in contenders:
+            figures.idle = [launch(env, job, log_dir)[2] for _ in range(IDLE_RUNS)]  # the rounds left nothing to do
+            log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s")
     finally:
         floor_conn.close()
         admin.close()
     return figures
 
 
-def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: list[str], log=print) -> list[Launched]:
+def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: list[str], log=print,
+                   contenders: tuple[str, ...] = CONTENDERS) -> list[Launched]:
     missing = [v for v in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if not env.get(v) and not os.environ.get(v)]
     if missing:
         raise SystemExit(f"The launched-job benchmark needs {' and '.join(missing)} (a folder with this repo's "
@@ -325,11 +331,16 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
     results = []
     with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, _bouncer(env, Path(logs), log) as deployed:
         for job in jobs:
-            log(f"{job}: {candidates:,} candidates, {rounds} rounds of job / floor / service"
+            log(f"{job}: {candidates:,} candidates, {rounds} rounds of {' / '.join(contenders)}"
                 f"{' / deployed' if deployed else ''}")
-            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log, deployed))
+            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log, deployed,
+                                     contenders))
     engine.dispose()
     return results
+
+
+def has_pgbouncer() -> bool:
+    return bool(shutil.which("pgbouncer")) or os.path.exists("/usr/sbin/pgbouncer")
 
 
 @contextlib.contextmanager
@@ -337,7 +348,7 @@ def _bouncer(env: dict[str, str], data_dir: Path, log) -> Iterator[dict[str, str
     """PgBouncer in front of the bench database, as GitLab's main and ci aliases: the deployed launch's URLs;
     None (no deployed contender) without pgbouncer or with a password in the URL."""
     url = make_url(env["CI_CLEANUP_DATABASE_URL"])
-    if (not shutil.which("pgbouncer") and not os.path.exists("/usr/sbin/pgbouncer")) or url.password:
+    if not has_pgbouncer() or url.password:
         log("No deployed runs: they need Debian's pgbouncer and a database URL without a password")
         yield None
         return

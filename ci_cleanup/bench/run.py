@@ -201,19 +201,25 @@ def deployed_table(results: list[launched.Launched]) -> str:
     return "\n".join(lines)
 
 
-def deployed_section(results: list[launched.Launched]) -> str:
-    """BENCHMARKS.md's "GitLab as deployed" section, ending with its figure line; empty when not measured."""
+DEPLOYED_HEADING = "## GitLab as deployed: two database URLs through PgBouncer"
+
+
+def deployed_section(results: list[launched.Launched], separate_run: str = "") -> str:
+    """BENCHMARKS.md's "GitLab as deployed" section, ending with its figure line; empty when not measured.
+    ``separate_run``: how it was measured when not in the headline's run (``ci-cleanup bench --deployed``)."""
     measured = [f for f in results if f.deployed_vs_direct is not None]
     if not measured:
         return ""
     return f"""
-## GitLab as deployed: two database URLs through PgBouncer
-
-The same launches as above ("job", direct), alternating in each round with "deployed": `CI_CLEANUP_DATABASE_URL` and
-`CI_CLEANUP_CI_DATABASE_URL` each through Debian's PgBouncer in transaction pooling ({launched.DEPLOYED_POOL}
-server connections per database), as GitLab.com and the reference architectures run. Both aliases reach the
-bench's one database, so both layouts work on identical rows and leave identical digests (asserted): the ratio is
-what the deployed path costs (a connection and a transaction per database, PgBouncer in between), start-up included.
+{DEPLOYED_HEADING}
+{separate_run}
+The jobs launched as in the table above ("job", direct), alternating in each round with "deployed":
+`CI_CLEANUP_DATABASE_URL` and `CI_CLEANUP_CI_DATABASE_URL` each through Debian's PgBouncer in transaction
+pooling ({launched.DEPLOYED_POOL} server connections per database), as GitLab.com and the reference
+architectures run. Both aliases reach the bench's one database, so both layouts work on identical rows and
+leave identical digests (asserted): the ratio is what the deployed path costs (a connection and a transaction
+per database, PgBouncer in between), start-up included. "deployed / direct" is the median of the rounds'
+ratios (the two launches of a round run back to back).
 
 {deployed_table(measured)}
 
@@ -295,11 +301,50 @@ cli_idle_s={cli_idle_s:.2f}
 SMALL = dict(small_rows=10_000, big_rows=200_000, work=2_000, memory_candidates=10_000, candidates=5_000, repeats=1)
 
 
+def deployed_only(env: dict[str, str], args, jobs: list[str]) -> None:
+    """``--deployed``: the launched jobs direct and as deployed, alternating, on tables grown to ``big_rows``; the
+    "GitLab as deployed" section of ``args.output`` replaced by this run's (or added before the services')."""
+    if not launched.has_pgbouncer():
+        raise SystemExit("bench --deployed needs Debian's pgbouncer (apt-get install pgbouncer)")
+    engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
+    create_schema(engine)
+    with engine.begin() as conn:
+        truncate_all(conn, gitlab_schema())
+    load = {"before": os.getloadavg()}
+    log = print
+    log(f"Tables at {args.big_rows:,} rows")
+    grow(engine, args.big_rows, log)
+    engine.dispose()
+    results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs,
+                                      contenders=("job",))
+    load["after"] = os.getloadavg()
+    now = dt.datetime.now(dt.UTC)
+    section = deployed_section(results, separate_run=f"""
+Written by `ci-cleanup bench --deployed` on {now:%Y-%m-%d %H:%M} UTC, a run of its own after the headline's:
+{machine()}; {args.candidates:,} candidates per job in {args.big_rows:,}-row tables, {args.rounds} rounds;
+load average {_load(load['before'])} before, {_load(load['after'])} after.
+""")
+    print(section)
+    if args.output:
+        path = Path(args.output)
+        before, found, after = path.read_text().partition("\n" + DEPLOYED_HEADING)
+        if found:  # this section runs up to its figure line
+            after = after.split("deployed_vs_direct_max=", 1)[1].split("\n", 1)[1]
+            path.write_text(before + section + after)
+        else:
+            before, found, after = before.partition("\n## The services")
+            path.write_text(before + section + found + after)
+        print(f"\nWritten to {args.output}")
+
+
 def main(env: dict[str, str], args) -> None:
     if args.small:  # a development run of a few minutes; the figures are not the headline's
         for name, value in SMALL.items():
             setattr(args, name, value)
     jobs = args.jobs.split(",") if args.jobs else [job.name for job in JOBS]
+    if args.deployed:
+        deployed_only(env, args, jobs)
+        return
     load = {"before": os.getloadavg()}
     figures = bench(env, small_rows=args.small_rows, big_rows=args.big_rows, work=args.work,
                     memory_candidates=args.memory_candidates, jobs=jobs, repeats=args.repeats)
