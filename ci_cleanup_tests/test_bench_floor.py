@@ -163,3 +163,20 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         assert len(jobs) == 2 + launched.IDLE_RUNS
         for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)
+
+
+def test_deployed_section_is_replaced_not_repeated():
+    """``bench --deployed`` rewrites only its own section: the paired rounds' median ratio and the figure line."""
+    from ci_cleanup.bench import run
+
+    figures = launched.Launched("drop_canceling_builds", 100)
+    figures.seconds["job"], figures.seconds[launched.DEPLOYED] = [10.0, 20.0, 10.0], [11.0, 20.0, 15.0]
+    assert figures.deployed_vs_direct == 1.1  # rounds 1.1, 1.0, 1.5; the medians' ratio would be 15 / 10
+    headline = "# Benchmarks\n\n| headline |\n\njob_vs_floor_max=1.00\n\n## The services\n\n| services |\n"
+    once = run.with_deployed_section(headline, run.deployed_section([figures]))
+    assert once.count(run.DEPLOYED_HEADING) == 1 and "\ndeployed_vs_direct_max=1.10\n" in once
+    assert once.index("| headline |") < once.index(run.DEPLOYED_HEADING) < once.index("## The services")
+    figures.seconds[launched.DEPLOYED] = [10.5, 21.0, 10.5]
+    twice = run.with_deployed_section(once, run.deployed_section([figures]))
+    assert twice.count(run.DEPLOYED_HEADING) == 1 and "\ndeployed_vs_direct_max=1.05\n" in twice
+    assert "1.10" not in twice and twice.endswith("## The services\n\n| services |\n")

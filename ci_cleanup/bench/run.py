@@ -327,14 +327,18 @@ load average {_load(load['before'])} before, {_load(load['after'])} after.
     print(section)
     if args.output:
         path = Path(args.output)
-        before, found, after = path.read_text().partition("\n" + DEPLOYED_HEADING)
-        if found:  # this section runs up to its figure line
-            after = after.split("deployed_vs_direct_max=", 1)[1].split("\n", 1)[1]
-            path.write_text(before + section + after)
-        else:
-            before, found, after = before.partition("\n## The services")
-            path.write_text(before + section + found + after)
+        path.write_text(with_deployed_section(path.read_text(), section))
         print(f"\nWritten to {args.output}")
+
+
+def with_deployed_section(markdown: str, section: str) -> str:
+    """BENCHMARKS.md with its "GitLab as deployed" section (up to its figure line) replaced by ``section``, or
+    ``section`` put before the services' section when it has none."""
+    before, found, after = markdown.partition("\n" + DEPLOYED_HEADING)
+    if found:
+        return before + section + after.split("\ndeployed_vs_direct_max=", 1)[1].split("\n", 1)[1]
+    before, found, after = markdown.partition("\n## The services")
+    return before + section + found + after
 
 
 def main(env: dict[str, str], args) -> None:
