@@ -109,6 +109,24 @@ def test_review_apps_with_stop_actions_go_stopping_and_their_stop_builds_pending
     assert meta["stopping_ids"] == [env_id for env_id, _ in apps]
 
 
+def test_stop_action_shared_by_two_environments_is_played_and_counted_once(stack, engine, redis_client):
+    """Two environments deployed from one pipeline, both ``on_stop: stop_review``: one stop action for both."""
+    deploy = create(engine, "ci_builds", commit_id=900, name="deploy", status="success")
+    stop = create(engine, "ci_builds", commit_id=900, name="stop_review", status="manual", queued_at=None)
+    envs = [environment(engine) for _ in range(2)]
+    for env_id in envs:
+        create(engine, "deployments", environment_id=env_id, deployable_id=deploy, on_stop="stop_review", status=2)
+
+    result = run_job(environments_auto_stop, stack)
+
+    assert [row(engine, "environments", env_id).state for env_id in envs] == ["stopping", "stopping"]
+    assert (row(engine, "ci_builds", stop).status, row(engine, "ci_builds", stop).lock_version) == ("pending", 1)
+    with on(engine, "ci_pending_builds").connect() as conn:
+        assert conn.execute(text("SELECT build_id FROM ci_pending_builds")).all() == [(stop,)]
+    meta = report(result)
+    assert (meta["stopping_count"], meta["stop_actions_started"], meta["rows_changed"]) == (2, 1, 3)
+
+
 def test_stop_action_not_manual_is_left_as_is_and_environment_goes_stopping(stack, engine, redis_client):
     env_id, stop_id = review_app(engine, stop_status="success")
     before = row(engine, "ci_builds", stop_id)

@@ -383,9 +383,8 @@ def stop_picked(
                     _failed(batch, env_id, error, report_error)
     for env_id, outcome in outcomes.items():
         batch.ids[outcome].append(env_id)
-    if play:
-        for env_actions in actions.values():
-            batch.stop_actions_started += env_actions.played or []
+    if play:  # once each: environments deployed from one pipeline can share a stop action
+        batch.stop_actions_started = sorted({i for env_actions in actions.values() for i in env_actions.played or []})
     return batch
 
 
