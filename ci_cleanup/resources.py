@@ -338,27 +338,30 @@ _NAMED_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError,
                  redis.exceptions.RedisClusterException)
 
 
+def _naming(server: str | None, call, *args, **kwargs):
+    """``call``'s result; its Redis error named after ``server`` (:func:`_named`). redis-py says "Error 111
+    connecting to unix socket: …": the server, never its password, is named instead."""
+    try:
+        return call(*args, **kwargs)
+    except _NAMED_ERRORS as e:
+        raise _named(server, e) from None
+
+
 class _NamedPipeline(redis.client.Pipeline):
     server: str | None = None
 
     def execute(self, raise_on_error: bool = True):
-        try:
-            return super().execute(raise_on_error)
-        except _NAMED_ERRORS as e:
-            raise _named(self.server, e) from None
+        return _naming(self.server, super().execute, raise_on_error)
 
 
 class _NamedRedis(redis.Redis):
-    """redis-py says "Error 111 connecting to unix socket: …": name the server (never its password) instead."""
+    """A Redis client whose errors name the server (:func:`_naming`)."""
 
     server: str | None = None  # e.g. "Redis (CI_CLEANUP_REDIS_URL) at unix://…", set once the first PING went through
     sentinel: redis.sentinel.Sentinel | None = None  # a Sentinel set's: its connections to the sentinels
 
     def execute_command(self, *args, **options):
-        try:
-            return super().execute_command(*args, **options)
-        except _NAMED_ERRORS as e:
-            raise _named(self.server, e) from None
+        return _naming(self.server, super().execute_command, *args, **options)
 
     def pipeline(self, transaction=True, shard_hint=None) -> redis.client.Pipeline:
         pipe = _NamedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
@@ -370,10 +373,7 @@ class _NamedClusterPipeline(redis.cluster.ClusterPipeline):
     server: str | None = None
 
     def execute(self, raise_on_error: bool = True):
-        try:
-            return super().execute(raise_on_error)
-        except _NAMED_ERRORS as e:
-            raise _named(self.server, e) from None
+        return _naming(self.server, super().execute, raise_on_error)
 
 
 class _NamedRedisCluster(redis.cluster.RedisCluster):
@@ -383,10 +383,7 @@ class _NamedRedisCluster(redis.cluster.RedisCluster):
     server: str | None = None
 
     def execute_command(self, *args, **kwargs):
-        try:
-            return super().execute_command(*args, **kwargs)
-        except _NAMED_ERRORS as e:
-            raise _named(self.server, e) from None
+        return _naming(self.server, super().execute_command, *args, **kwargs)
 
     def pipeline(self, transaction=None, shard_hint=None):
         pipe = super().pipeline(transaction=transaction, shard_hint=shard_hint)

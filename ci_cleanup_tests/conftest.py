@@ -18,6 +18,15 @@ from sqlalchemy import create_engine
 from ci_cleanup.alerts import WEBHOOK_ENV
 
 from .harness import Databases, DeployedStack, deployed_stack, gitlab_stack, reset, scratch_database_of
+from .redis_servers import (  # noqa: F401  (fixtures: the Sentinel set and the cluster, for every module)
+    LAYOUTS_AND_REDIS_SHAPES,
+    REDIS_SHAPES,
+    RedisStores,
+    layouts_and_shapes_ids,
+    redis_cluster,
+    redis_topologies_dir,
+    sentinel_set,
+)
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +47,16 @@ LAYOUTS = ("direct", "deployed")
 
 def pytest_generate_tests(metafunc):
     """Modules marked ``layouts`` run each test on one database and on GitLab as deployed (main + ci behind
-    PgBouncer): the ``stack`` (and ``engine``) of each."""
-    if metafunc.definition.get_closest_marker("layouts") and "stack" in metafunc.fixturenames:
+    PgBouncer): the ``stack`` (and ``engine``) of each. A test that takes ``redis_stores`` runs on
+    :data:`~redis_servers.LAYOUTS_AND_REDIS_SHAPES` (``stack`` and ``redis_shape``), unless it parametrizes
+    them itself."""
+    if not (metafunc.definition.get_closest_marker("layouts") and "stack" in metafunc.fixturenames):
+        return
+    if "redis_shape" not in metafunc.fixturenames:
         metafunc.parametrize("stack", LAYOUTS, indirect=True, scope="session")
+    elif not any("stack" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
+        metafunc.parametrize(("stack", "redis_shape"), LAYOUTS_AND_REDIS_SHAPES, indirect=True, scope="session",
+                             ids=layouts_and_shapes_ids(LAYOUTS_AND_REDIS_SHAPES))
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +112,25 @@ def redis_client(stack):
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_shape(request) -> str:
+    """Which of :data:`redis_servers.REDIS_SHAPES` ``redis_stores`` is: the embedded Redis unless parametrized."""
+    return getattr(request, "param", REDIS_SHAPES[0])
+
+
+@pytest.fixture
+def redis_stores(request, stack, redis_shape) -> RedisStores:
+    """GitLab's Redis stores for the test's runs (:class:`redis_servers.RedisStores`), every one emptied: all on
+    the stack's Redis, or (``redis_shape``) all on a Sentinel set, or the leases on a Redis Cluster."""
+    stores = RedisStores(
+        redis_shape, stack.redis_url,
+        sentinel_set=request.getfixturevalue("sentinel_set") if redis_shape == "sentinel" else None,
+        cluster=request.getfixturevalue("redis_cluster") if redis_shape == "cluster" else None,
+    )
+    stores.flush()
+    return stores
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ installs the packages).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,11 +16,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 import redis
+
+from ci_cleanup.gitlab.redis_stores import USES, resolve
+from ci_cleanup.resources import close_client, store_client
 
 MASTER_NAME = "gitlab-redis"
 # Passwords the tests look for in every output: none may ever appear.
@@ -234,9 +238,9 @@ class SentinelSet:
             "sentinel_password": SENTINELS_PASSWORD,
         }
 
-    def env(self, prefix: str) -> dict[str, str]:
+    def env(self, prefix: str, db: int = 0) -> dict[str, str]:
         return {
-            f"{prefix}_URL": f"redis://:{SENTINEL_SET_PASSWORD}@{MASTER_NAME}/0",
+            f"{prefix}_URL": f"redis://:{SENTINEL_SET_PASSWORD}@{MASTER_NAME}/{db}",
             f"{prefix}_SENTINELS": ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels),
             f"{prefix}_SENTINEL_PASSWORD": SENTINELS_PASSWORD,
         }
@@ -295,6 +299,74 @@ class ClusterSet:
 
     def direct(self) -> redis.cluster.RedisCluster:
         return redis.cluster.RedisCluster(host="127.0.0.1", port=self.nodes[0].port, password=CLUSTER_PASSWORD)
+
+
+# What each shape of RedisStores holds: every store on the embedded Redis, every store on the Sentinel set, or the
+# leases on the cluster (GitLab.com's ClusterSharedState) and the other stores on the embedded Redis.
+REDIS_SHAPES = ("embedded", "sentinel", "cluster")
+# The (database layout, Redis shape) pairs a test that takes ``redis_stores`` runs on: both layouts (conftest's
+# LAYOUTS) with the embedded Redis, one database with each other shape. The two are apart: not every pair.
+LAYOUTS_AND_REDIS_SHAPES = (("direct", "embedded"), ("deployed", "embedded"), ("direct", "sentinel"),
+                            ("direct", "cluster"))
+
+
+def layouts_and_shapes_ids(params) -> list[str]:
+    """Test ids for ``(layout, shape, *rest)`` params: the layout, or the Redis shape when it is not the embedded
+    Redis, then the rest (``direct``, ``sentinel-drop_canceling_builds``)."""
+    return ["-".join([layout if shape == REDIS_SHAPES[0] else shape, *rest]) for layout, shape, *rest in params]
+
+
+@dataclass(frozen=True)
+class RedisStores:
+    """GitLab's Redis stores as a run is given them: :attr:`env`, its ``CI_CLEANUP_REDIS*`` variables (as an
+    operator sets them), for one shape of :data:`REDIS_SHAPES`. ``db`` keeps apart runs that share the servers (a
+    cluster has db 0 only: there each job's lease is a key of its own)."""
+
+    shape: str
+    redis_url: str  # the embedded Redis
+    sentinel_set: SentinelSet | None = None
+    cluster: ClusterSet | None = None
+    db: int = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        if self.shape == "sentinel":
+            return self.sentinel_set.env("CI_CLEANUP_REDIS", self.db)
+        embedded = {"CI_CLEANUP_REDIS_URL": f"{self.redis_url}?db={self.db}"}
+        if self.shape == "cluster":
+            return {**embedded, **self.cluster.env("CI_CLEANUP_REDIS_CLUSTER_SHARED_STATE")}
+        return embedded
+
+    def with_db(self, db: int) -> RedisStores:
+        return replace(self, db=db)
+
+    def client(self, use: str):
+        """A client of the store of ``use`` (``leases``, ``artifact_buckets``, ``sidekiq_status``), resolved and
+        connected as a run's :class:`~ci_cleanup.resources.GitLabRedis` does it."""
+        return store_client(resolve(USES[use], self.env))
+
+    @contextlib.contextmanager
+    def clients(self):
+        """A client of each store: ``leases``, and ``others`` (the buckets' and the Sidekiq statuses', one store in
+        every shape); closed afterwards."""
+        uses = {"leases": self.client("leases"), "others": self.client("artifact_buckets")}
+        try:
+            yield uses
+        finally:
+            for client in uses.values():
+                close_client(client)
+
+    def keys(self) -> set[bytes]:
+        """Every key in the stores (on every master of the cluster: KEYS alone asks one node)."""
+        with self.clients() as uses:
+            return {key for client in uses.values() for key in client.keys(
+                "*", **({"target_nodes": client.PRIMARIES} if isinstance(client, redis.cluster.RedisCluster) else {}))}
+
+    def flush(self) -> None:
+        """Every store emptied: this db of it, or every master of the cluster."""
+        with self.clients() as uses:
+            for client in uses.values():
+                client.flushdb()
 
 
 @pytest.fixture(scope="module")

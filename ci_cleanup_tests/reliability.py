@@ -35,13 +35,15 @@ from sqlalchemy.engine import Connection, Engine
 
 from ci_cleanup.batches import BY_NAME, Batch
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
+from ci_cleanup.gitlab.config_files import ENV_CONFIG_DIR
 from ci_cleanup.gitlab.exclusive_lease import PREFIX as LEASE_PREFIX
 from ci_cleanup.gitlab.schema import naive_utc, utc_now
-from ci_cleanup.resources import job_resources
+from ci_cleanup.resources import close_client, job_resources
+from ci_cleanup.schedule_bulk_delete_job_artifacts.service import MAX_BUCKETS
 
 from .factories import TABLES
 from .harness import Databases, DeployedStack, clean_env, on, reset
-from .runner import run_job
+from .redis_servers import RedisStores
 
 BIN = Path(sys.executable).parent
 FORK = multiprocessing.get_context("fork")
@@ -197,6 +199,10 @@ class Scenario:
     batch: Batch
     # Its workers claim Redis buckets: a killed worker's bucket is not handed out again before stale recovery.
     claims_buckets = False
+    reads_sidekiq_statuses = False
+    # What its Redis store holds once every candidate is done: the keys it seeded and those GitLab keeps (its
+    # lease given back).
+    keys_when_done: frozenset[bytes] = frozenset()
 
     @property
     def name(self) -> str:
@@ -209,6 +215,11 @@ class Scenario:
     @property
     def report_op(self) -> str:
         return self.batch.report_op
+
+    @property
+    def uses_redis(self) -> bool:
+        """It keeps something in GitLab's Redis: a lease, buckets, or it reads Sidekiq statuses."""
+        return self.lease is not None or self.claims_buckets or self.reads_sidekiq_statuses
 
     @property
     def table(self) -> str:
@@ -409,6 +420,8 @@ class StuckExportJobs(Scenario):
     failed (3)."""
 
     batch = BY_NAME["stuck_export_jobs"]
+    reads_sidekiq_statuses = True
+    keys_when_done = frozenset(sidekiq_status.status_key(f"running-{g}").encode() for g in range(1, KEEPERS + 1))
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"find_enqueued_export_jobs": {"config": {"chunk_size": batch}}}}
@@ -584,6 +597,7 @@ class BulkDeleteJobArtifacts(Scenario):
 
     batch = BY_NAME["schedule_bulk_delete_job_artifacts"]
     claims_buckets = True
+    keys_when_done = frozenset({artifact_buckets.AVAILABLE_KEY.encode()})  # every bucket free: OCCUPIED_KEY gone
 
     def run_config(self, batch: int) -> dict:
         return {"ops": {"schedule_buckets": {"config": {"batch_size": batch}}}}
@@ -745,14 +759,23 @@ def _report(result, op_name: str) -> dict:
     return {}
 
 
-def _child_run(send, scenario: Scenario, stack, run_config: dict, lease_ttl: int | None, barrier, parent_engines):
+def use_redis_stores(stores: RedisStores) -> None:
+    """In a forked process only: its runs find GitLab's Redis stores in its variables, as ``ci-cleanup run`` does."""
+    for name in [n for n in os.environ if n.startswith("CI_CLEANUP_REDIS") or n == ENV_CONFIG_DIR]:
+        del os.environ[name]
+    os.environ.update(stores.env)
+
+
+def _child_run(send, scenario: Scenario, stack, stores: RedisStores, run_config: dict, lease_ttl: int | None,
+               barrier, parent_engines):
     for engine in parent_engines:
         engine.dispose(close=False)  # the parent's pooled connections are not ours to use or close
     scenario.shorten_lease(lease_ttl)
+    use_redis_stores(stores)
     if barrier is not None:
         barrier.wait()
     try:
-        result = run_job(scenario.job, stack, run_config=run_config, raise_on_error=False)
+        result = execute(scenario, (stack.url(), stack.ci_url()), run_config, raise_on_error=False)
         send.send({"run_id": result.run_id, "success": result.success, "metadata": _report(result, scenario.report_op)})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the test
         send.send({"run_id": None, "success": False, "metadata": {}, "error": repr(e)})
@@ -772,11 +795,12 @@ class ForkedRun:
         return found
 
 
-def fork_run(scenario: Scenario, stack, run_config: dict, parent_engines, *, lease_ttl: int | None = None,
-             barrier=None) -> ForkedRun:
+def fork_run(scenario: Scenario, stack, stores: RedisStores, run_config: dict, parent_engines, *,
+             lease_ttl: int | None = None, barrier=None) -> ForkedRun:
+    """A run in a forked process, on ``stack``'s database(s) (PgBouncer's, deployed) and ``stores``."""
     receive, send = FORK.Pipe(duplex=False)
-    process = FORK.Process(target=_child_run,
-                           args=(send, scenario, stack, run_config, lease_ttl, barrier, parent_engines), daemon=True)
+    process = FORK.Process(target=_child_run, args=(send, scenario, stack, stores, run_config, lease_ttl, barrier,
+                                                    parent_engines), daemon=True)
     process.start()
     send.close()
     return ForkedRun(process, receive)
@@ -828,13 +852,12 @@ def start_cli(scenario: Scenario, stack, home: Path, run_config: dict) -> CliRun
 
 
 class LeaseWatch(threading.Thread):
-    """Samples a lease key every 2 ms: the sequence of holders (run ids) it saw, None for free."""
+    """Samples a lease key every 2 ms through ``client`` (closed when it stops): the sequence of holders (run ids)
+    it saw, None for free."""
 
-    def __init__(self, redis_url: str, key: str):
+    def __init__(self, client, key: str):
         super().__init__(daemon=True)
-        import redis
-
-        self.client, self.key = redis.Redis.from_url(redis_url), key
+        self.client, self.key = client, key
         self.holders: list[str | None] = []
         self._stop_event = threading.Event()
 
@@ -851,7 +874,7 @@ class LeaseWatch(threading.Thread):
     def stop(self) -> list[str | None]:
         self._stop_event.set()
         self.join(5)
-        self.client.close()
+        close_client(self.client)
         return self.holders
 
 
@@ -943,22 +966,23 @@ def wait_for_lease_to_expire(client, key: str, ttl: int) -> float:
 
 # --------------------------------------------------------------------------- SIGKILL trials, one series per job
 
-def execute(scenario: Scenario, urls: Urls, redis_url: str, run_config: dict, *, raise_on_error: bool = True):
+def execute(scenario: Scenario, urls: Urls, run_config: dict, *, raise_on_error: bool = True):
+    """A run on ``urls``, its Redis stores read from the variables (:func:`use_redis_stores`)."""
     main, ci = urls
     return scenario.job.execute_in_process(
         run_config=run_config,
-        resources=job_resources(main, redis_url, ci_database_url=ci),
+        resources=job_resources(main, None, ci_database_url=ci),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
     )
 
 
-def _killable_run(scenario: Scenario, urls: Urls, redis_url: str, run_config: dict, lease_ttl: int | None, send,
+def _killable_run(scenario: Scenario, urls: Urls, run_config: dict, lease_ttl: int | None, send,
                   parent_engines) -> None:
     for engine in parent_engines:
         engine.dispose(close=False)
     scenario.shorten_lease(lease_ttl)  # this process only: the dead run's lease must expire soon
-    result = execute(scenario, urls, redis_url, run_config, raise_on_error=False)
+    result = execute(scenario, urls, run_config, raise_on_error=False)
     errors = [e.event_specific_data.error.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     send.send({"success": result.success, "metadata": _report(result, scenario.report_op), "errors": errors})
 
@@ -972,113 +996,128 @@ class CrashSettings:
     lease_ttl: int
 
 
-def crash_series(scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str) -> dict:
-    """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row, let the next run
-    finish. ``urls``: one database, or main and ci (straight to PostgreSQL: a killed run's sessions end there)."""
-    import redis
+def crash_series(scenario: Scenario, urls: Urls, stores: RedisStores, settings: CrashSettings, seed: str) -> dict:
+    """``trials`` times: seed, start a run, SIGKILL it after a random delay, check every row and key, let the next
+    run finish. ``urls``: one database, or main and ci (straight to PostgreSQL: a killed run's sessions end there).
+    ``stores``: where the runs find Redis; in this process's variables (it is a forked one)."""
+    use_redis_stores(stores)
+    engine = engine_of(urls, pool_size=2)
+    try:
+        with stores.clients() as uses:
+            return _trials(scenario, urls, engine, uses["leases"], uses["others"], settings, seed)
+    finally:
+        engine.dispose()
 
-    engine, client = engine_of(urls, pool_size=2), redis.Redis.from_url(redis_url)
+
+def _trials(scenario: Scenario, urls: Urls, engine, leases, client, settings: CrashSettings, seed: str) -> dict:
+    """The trials of :func:`crash_series`; ``leases`` and ``client``: the lease store and the others' (one server,
+    unless the leases are on a cluster)."""
     rng = random.Random(seed)
     config = scenario.run_config(settings.batch)
     violations: list[str] = []
     figures = dict(trials=settings.trials, killed_while_running=0, killed_mid_work=0, completed_before_kill=0,
                    lease_left_by_dead_run_then_expired=0, longest_wait_for_lease_expiry_s=0.0,
                    dead_workers_buckets_skipped_then_recovered=0, rows_checked=0, violations=0)
-    try:
-        for trial in range(settings.trials):
-            seeded = scenario.reset_and_seed(engine, client, settings.n)
-            keep = client_backends(engine)
-            receive, send = FORK.Pipe(duplex=False)
-            lease_ttl = settings.lease_ttl if scenario.lease else None
-            run = FORK.Process(target=_killable_run,
-                               args=(scenario, urls, redis_url, config, lease_ttl, send, engines(engine)), daemon=True)
-            run.start()
-            send.close()
-            run.join(rng.uniform(0, settings.kill_within))
-            if run.is_alive():
-                run.kill()  # SIGKILL
-                run.join(10)
-                figures["killed_while_running"] += 1
-            else:
-                figures["completed_before_kill"] += 1
-                finished = receive.recv() if receive.poll(10) else {"success": False, "errors": ["no result"]}
-                if not finished["success"] and any("Lost lease" in e for e in finished["errors"]):
-                    # A run stalled past the short test TTL stops itself (the job's own guard), changing nothing more.
-                    stopped = "stopped_after_losing_the_short_lease"
-                    figures[stopped] = figures.get(stopped, 0) + 1
-                elif not finished["success"]:
-                    violations.append(f"trial {trial}: the run finished before the kill but failed: {finished}")
-            receive.close()
-            wait_for_backends_to_end(engine, keep)
+    for trial in range(settings.trials):
+        seeded = scenario.reset_and_seed(engine, client, settings.n)
+        keep = client_backends(engine)
+        receive, send = FORK.Pipe(duplex=False)
+        lease_ttl = settings.lease_ttl if scenario.lease else None
+        run = FORK.Process(target=_killable_run,
+                           args=(scenario, urls, config, lease_ttl, send, engines(engine)), daemon=True)
+        run.start()
+        send.close()
+        run.join(rng.uniform(0, settings.kill_within))
+        if run.is_alive():
+            run.kill()  # SIGKILL
+            run.join(10)
+            figures["killed_while_running"] += 1
+        else:
+            figures["completed_before_kill"] += 1
+            finished = receive.recv() if receive.poll(10) else {"success": False, "errors": ["no result"]}
+            if not finished["success"] and any("Lost lease" in e for e in finished["errors"]):
+                # A run stalled past the short test TTL stops itself (the job's own guard), changing nothing more.
+                stopped = "stopped_after_losing_the_short_lease"
+                figures[stopped] = figures.get(stopped, 0) + 1
+            elif not finished["success"]:
+                violations.append(f"trial {trial}: the run finished before the kill but failed: {finished}")
+        receive.close()
+        wait_for_backends_to_end(engine, keep)
 
-            state = scenario.check(engine, client, seeded)
-            violations += [f"trial {trial} after the kill: {v}" for v in state.violations]
-            figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
-            figures["killed_mid_work"] += 0 < len(state.done) < settings.n
-            if scenario.lease and client.exists(scenario.lease):
-                waited = wait_for_lease_to_expire(client, scenario.lease, settings.lease_ttl)
-                figures["lease_left_by_dead_run_then_expired"] += 1
-                longest = figures["longest_wait_for_lease_expiry_s"]
-                figures["longest_wait_for_lease_expiry_s"] = round(max(longest, waited), 2)
+        state = scenario.check(engine, client, seeded)
+        violations += [f"trial {trial} after the kill: {v}" for v in state.violations]
+        figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
+        figures["killed_mid_work"] += 0 < len(state.done) < settings.n
+        if scenario.claims_buckets:  # a claim or a release is one atomic step, the buckets added in one SADD
+            buckets = artifact_buckets.read_state(client)
+            if buckets.available | set(buckets.occupied) not in (set(), set(range(MAX_BUCKETS))):
+                violations.append(f"trial {trial}: a bucket lost by the kill: {buckets}")
+        if scenario.lease and leases.exists(scenario.lease):
+            waited = wait_for_lease_to_expire(leases, scenario.lease, settings.lease_ttl)
+            figures["lease_left_by_dead_run_then_expired"] += 1
+            longest = figures["longest_wait_for_lease_expiry_s"]
+            figures["longest_wait_for_lease_expiry_s"] = round(max(longest, waited), 2)
 
-            to_do, done_by_next = len(state.untouched), 0
-            stale = []
-            if scenario.claims_buckets:
-                occupied = sorted(artifact_buckets.read_state(client).occupied)
-                if occupied and state.untouched:
-                    # The dead worker's bucket is not handed out before stale recovery...
-                    first = _report(execute(scenario, urls, redis_url, config), scenario.report_op)
-                    done_by_next += first["destroyed_job_artifacts_count"]
-                    # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
-                    held = {i for i in state.untouched
-                            if (seeded.snapshot[i].project_id + seeded.snapshot[i].job_id) % 5 in occupied}
-                    if (set(first["buckets_processed"]) & set(occupied)
-                            or not held <= scenario.check(engine, client, seeded).untouched):
-                        violations.append(
-                            f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
-                    figures["dead_workers_buckets_skipped_then_recovered"] += len(occupied)
-                # ...and is recovered once ten minutes have passed.
-                stale = age_occupied_buckets(client)
+        to_do, done_by_next = len(state.untouched), 0
+        stale = []
+        if scenario.claims_buckets:
+            occupied = sorted(artifact_buckets.read_state(client).occupied)
+            if occupied and state.untouched:
+                # The dead worker's bucket is not handed out before stale recovery...
+                first = _report(execute(scenario, urls, config), scenario.report_op)
+                done_by_next += first["destroyed_job_artifacts_count"]
+                # ci_job_artifacts columns: (id, partition_id, project_id, job_id, ...)
+                held = {i for i in state.untouched
+                        if (seeded.snapshot[i].project_id + seeded.snapshot[i].job_id) % MAX_BUCKETS in occupied}
+                if (set(first["buckets_processed"]) & set(occupied)
+                        or not held <= scenario.check(engine, client, seeded).untouched):
+                    violations.append(
+                        f"trial {trial}: a bucket held by the dead worker was processed: {first}, {occupied}")
+                figures["dead_workers_buckets_skipped_then_recovered"] += len(occupied)
+            # ...and is recovered once ten minutes have passed.
+            stale = age_occupied_buckets(client)
 
-            recovery = _report(execute(scenario, urls, redis_url, config), scenario.report_op)
-            done_by_next += scenario.done_count(recovery)
-            if recovery["status"] != "success" or done_by_next != to_do:
-                violations.append(f"trial {trial}: the next run did {done_by_next} of {to_do}: {recovery}")
-            if scenario.claims_buckets and (
-                recovery["stale_count"] != len(stale) or artifact_buckets.read_state(client).occupied
-            ):
-                violations.append(f"trial {trial}: stale buckets {stale} not recovered: {recovery}")
-            final = scenario.check(engine, client, seeded)
-            violations += [f"trial {trial} after the next run: {v}" for v in final.violations]
-            if final.done != set(seeded.candidates):
-                violations.append(f"trial {trial}: the next run left {len(set(seeded.candidates) - final.done)} rows")
-            figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
-    finally:
-        engine.dispose()
-        client.close()
+        recovery = _report(execute(scenario, urls, config), scenario.report_op)
+        done_by_next += scenario.done_count(recovery)
+        if recovery["status"] != "success" or done_by_next != to_do:
+            violations.append(f"trial {trial}: the next run did {done_by_next} of {to_do}: {recovery}")
+        if scenario.claims_buckets and (
+            recovery["stale_count"] != len(stale) or artifact_buckets.read_state(client).occupied
+        ):
+            violations.append(f"trial {trial}: stale buckets {stale} not recovered: {recovery}")
+        final = scenario.check(engine, client, seeded)
+        violations += [f"trial {trial} after the next run: {v}" for v in final.violations]
+        if final.done != set(seeded.candidates):
+            violations.append(f"trial {trial}: the next run left {len(set(seeded.candidates) - final.done)} rows")
+        keys = set(client.keys("*"))  # this job's db; a cluster's leases are every lease job's
+        if scenario.lease and leases.exists(scenario.lease):
+            keys.add(scenario.lease.encode())
+        if keys != scenario.keys_when_done:
+            violations.append(f"trial {trial}: Redis holds {sorted(keys)}, not {sorted(scenario.keys_when_done)}")
+        figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
     figures["violations"] = len(violations)
     return {"figures": figures, "violations": violations[:50]}
 
 
-def _series_process(send, scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str,
+def _series_process(send, scenario: Scenario, urls: Urls, stores: RedisStores, settings: CrashSettings, seed: str,
                     parent_engines) -> None:
     import traceback
 
     for engine in parent_engines:
         engine.dispose(close=False)
     try:
-        send.send(crash_series(scenario, urls, redis_url, settings, seed))
+        send.send(crash_series(scenario, urls, stores, settings, seed))
     except BaseException:  # noqa: BLE001 - the parent fails the test with it
         send.send({"figures": {}, "violations": [traceback.format_exc()]})
 
 
-def start_crash_series(scenario: Scenario, urls: Urls, redis_url: str, settings: CrashSettings, seed: str,
+def start_crash_series(scenario: Scenario, urls: Urls, stores: RedisStores, settings: CrashSettings, seed: str,
                        parent_engines):
     """One job's trials in a process of their own (their own database(s) and Redis db), so the five series
     overlap."""
     receive, send = FORK.Pipe(duplex=False)
     process = FORK.Process(target=_series_process,
-                           args=(send, scenario, urls, redis_url, settings, seed, parent_engines))
+                           args=(send, scenario, urls, stores, settings, seed, parent_engines))
     process.start()
     send.close()
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the topologies are pytest fixtures imported from redis_servers, then named as arguments)
 """GitLab's Redis stores on real servers: the embedded Redis, a Sentinel set and a Redis Cluster
 (:mod:`ci_cleanup_tests.redis_servers`).
 
@@ -34,16 +33,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_dele
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .factories import S, ago, create, naive_ago, row
-from .redis_servers import (  # noqa: F401  (fixtures)
-    CLUSTER_PASSWORD,
-    MASTER_NAME,
-    SENTINEL_SET_PASSWORD,
-    SENTINELS_PASSWORD,
-    redis_cluster,
-    redis_topologies_dir,
-    sentinel_set,
-    wait_until,
-)
+from .redis_servers import CLUSTER_PASSWORD, MASTER_NAME, SENTINEL_SET_PASSWORD, SENTINELS_PASSWORD, wait_until
 from .runner import failure_messages, op_metadata
 
 SHAPES = ("plain", "sentinel", "cluster")
@@ -274,8 +264,9 @@ def test_a_config_folder_alone_runs_each_job_on_the_stores_gitlab_uses(
     stopped = _run_configured(environments_auto_stop, folder, capfd)
     assert op_metadata(stopped, "find_auto_stoppable_environments")["redis_leases"] == find["redis_leases"]
     assert row(engine, "environments", environment).state == "stopped"
-    for client in (plain, sentinel, cluster):
+    for client in (plain, sentinel):
         assert client.keys(PREFIX + "*") == []  # every lease given back
+    assert cluster.keys(PREFIX + "*", target_nodes=cluster.PRIMARIES) == []  # on every master (KEYS asks one)
 
 
 # Errors: the store named, never a password
@@ -367,8 +358,10 @@ def failover(monkeypatch, stack, sentinel_set, engine):
 
 
 def _assert_named_redis_or_success(result) -> None:
-    """The run carried on against the promoted replica, or failed naming Redis; which one, in the output (-s)."""
+    """The run carried on against the promoted replica, or failed naming Redis (and no password); which one, in the
+    output (-s)."""
     assert result.success or "Redis" in failure_messages(result), failure_messages(result)
+    assert [p for p in PASSWORDS if p in repr(result.all_events)] == []
     print(f"failover: the run {'carried on' if result.success else 'failed naming Redis'}")
 
 

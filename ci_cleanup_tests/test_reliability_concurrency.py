@@ -5,13 +5,15 @@ SIGKILL at random points, and concurrent writers.
   thousands of candidates: each row changed exactly once (a row trigger audits every UPDATE/DELETE),
   the runs' reported counts add up, a lease is never held by two runs.
 - Crash: 20 seeded trials per job, a run SIGKILLed after a random 0-1.5 s: every row untouched or fully
-  processed; the dead run's lease expires after its (short) TTL, a killed bucket worker's bucket is
-  handed out only after stale recovery, and the next run finishes the work.
+  processed; no bucket lost; the dead run's lease expires after its (short) TTL, a killed bucket worker's bucket
+  is handed out only after stale recovery, and the next run finishes the work.
 - Concurrent writers: while a job runs, another process changes candidates as GitLab would; each
   change the writer made is still there afterwards.
 
 Each test runs on one database and on GitLab as deployed (main + ci, the runs through PgBouncer; the crash
-series on a main + ci pair of their own per job).
+series on a main + ci pair of their own per job). The runs started at once and the crash series run, on one
+database, on GitLab's Redis as deployed too: every store on a Sentinel set, and the leases on a Redis Cluster
+(``redis_stores``; the jobs that use Redis, there). After the runs each store holds exactly the keys it must.
 
 The figures (trials, kills that hit mid-work, rows checked, violations) go to
 ``test-artifacts/reliability_concurrency.json`` and the test output.
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import create_engine, text
 
 from ci_cleanup.devstack import lay_out_decomposed
@@ -32,6 +35,7 @@ from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.schema import create_schema
 
 from .harness import DeployedStack, on, reset
+from .redis_servers import LAYOUTS_AND_REDIS_SHAPES, layouts_and_shapes_ids
 from .reliability import (
     FORK,
     SCENARIOS,
@@ -58,12 +62,15 @@ CONCURRENT_BATCH = 20  # small batches: each run lasts long enough for the other
 N_CRASH = 300
 CRASH_BATCH = 5  # many commits per run: many points to be killed between (or inside), and a longer run to hit
 TRIALS = 20
+SHAPE_TRIALS = 8  # per job on the Sentinel set and the cluster: their leases and buckets, in a minute or so
 KILL_WITHIN = 1.5  # seconds
 CRASH_LEASE_TTL = 2  # seconds, in the killed run only; a test of GitLab's 30/50 minutes would never end
 N_WRITER = 2000
 WRITER_BATCH = 20
 
 JOBS = sorted(SCENARIOS)
+# The jobs that use Redis (a lease, buckets, Sidekiq statuses): the ones to run on each shape of GitLab's Redis.
+REDIS_JOBS = [name for name in JOBS if SCENARIOS[name].uses_redis]
 # delete_expired_artifact_files drains the ci_deleted_objects rows schedule_bulk_delete_job_artifacts writes:
 # side by side in one database, neither's rows could be told apart. Its CLI runs are a group of their own.
 CLI_GROUPS = [[name for name in JOBS if name != "delete_expired_artifact_files"], ["delete_expired_artifact_files"]]
@@ -135,6 +142,11 @@ def layout(stack) -> str:
     return "deployed" if isinstance(stack, DeployedStack) else "direct"
 
 
+def shapes(stack, redis_stores) -> str:
+    """The figures' key: the layout, and the Redis shape unless it is the embedded Redis."""
+    return layout(stack) + ("" if redis_stores.shape == "embedded" else f"+{redis_stores.shape}")
+
+
 @pytest.mark.parametrize("group", CLI_GROUPS, ids=["the five seeds' jobs", "delete_expired_artifact_files"])
 def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_exactly_once(
     stack, engine, redis_client, audit, tmp_path, group
@@ -142,7 +154,8 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
     """``dagster job execute`` processes at once: two per job, the five seeds' jobs side by side (ten processes)."""
     reset(engine, redis_client, also=("reliability_audit",))
     seeded = {name: SCENARIOS[name].seed_and_snapshot(engine, redis_client, N_CONCURRENT) for name in group}
-    watches = {name: LeaseWatch(stack.redis_url, SCENARIOS[name].lease) for name in group if SCENARIOS[name].lease}
+    watches = {name: LeaseWatch(redis.Redis.from_url(stack.redis_url), SCENARIOS[name].lease)
+               for name in group if SCENARIOS[name].lease}
     for watch in watches.values():
         watch.start()
     started = {}
@@ -158,39 +171,52 @@ def test_two_runs_of_every_job_through_the_dagster_cli_at_once_change_each_row_e
         FIGURES[f"{layout(stack)}/concurrency/{name}/2 runs via dagster CLI"] = assert_each_row_changed_once(
             SCENARIOS[name], seeded[name], results[name], holders.get(name, []), engine, redis_client
         )
+    assert set(redis_client.keys("*")) == set().union(*(SCENARIOS[name].keys_when_done for name in group))
 
 
-@pytest.mark.parametrize("job_name", JOBS)
-def test_four_runs_started_at_once_change_each_row_exactly_once(stack, engine, _engine, redis_client, audit, job_name):
+# Every job on both layouts with the embedded Redis; the jobs that use Redis on the other shapes too.
+FOUR_RUNS = [(layout, shape, name) for layout, shape in LAYOUTS_AND_REDIS_SHAPES
+             for name in (JOBS if shape == "embedded" else REDIS_JOBS)]
+
+
+@pytest.mark.parametrize(("stack", "redis_shape", "job_name"), FOUR_RUNS, indirect=["stack", "redis_shape"],
+                         scope="session", ids=layouts_and_shapes_ids(FOUR_RUNS))
+def test_four_runs_started_at_once_change_each_row_exactly_once(
+    stack, engine, _engine, redis_stores, audit, job_name
+):
     scenario = SCENARIOS[job_name]
-    seeded = scenario.reset_and_seed(engine, redis_client, N_CONCURRENT)
-    barrier = FORK.Barrier(5)
-    forked = [fork_run(scenario, stack, scenario.run_config(CONCURRENT_BATCH), engines(_engine), barrier=barrier)
-              for _ in range(4)]
-    watch = LeaseWatch(stack.redis_url, scenario.lease) if scenario.lease else None
-    if watch:
-        watch.start()
-    barrier.wait(60)
-    results = [run.result() for run in forked]
-    holders = watch.stop() if watch else []
+    with redis_stores.clients() as uses:
+        seeded = scenario.reset_and_seed(engine, uses["others"], N_CONCURRENT)
+        barrier = FORK.Barrier(5)
+        forked = [fork_run(scenario, stack, redis_stores, scenario.run_config(CONCURRENT_BATCH), engines(_engine),
+                           barrier=barrier) for _ in range(4)]
+        watch = LeaseWatch(redis_stores.client("leases"), scenario.lease) if scenario.lease else None
+        if watch:
+            watch.start()
+        barrier.wait(60)
+        results = [run.result() for run in forked]
+        holders = watch.stop() if watch else []
 
-    assert changed_more_than_once(engine) == []
-    FIGURES[f"{layout(stack)}/concurrency/{job_name}/4 forked runs"] = assert_each_row_changed_once(
-        scenario, seeded, results, holders, engine, redis_client
-    )
+        assert changed_more_than_once(engine) == []
+        FIGURES[f"{shapes(stack, redis_stores)}/concurrency/{job_name}/4 forked runs"] = assert_each_row_changed_once(
+            scenario, seeded, results, holders, engine, uses["others"]
+        )
+    assert redis_stores.keys() == scenario.keys_when_done
 
 
 @pytest.fixture
-def crash_targets(stack):
-    """A database (deployed: a main and a ci database, ``crash_<job>`` and ``crash_<job>_ci``, laid out as GitLab
-    does) and a Redis db per job, so the five series of trials run side by side without meeting. The runs reach
-    them straight, not through PgBouncer: a killed run's sessions must end (and roll back) in PostgreSQL."""
+def crash_targets(stack, redis_stores):
+    """Per job, a database (deployed: a main and a ci database, ``crash_<job>`` and ``crash_<job>_ci``, laid out as
+    GitLab does) and a Redis db of ``redis_stores``, so the series of trials run side by side without meeting: every
+    job's on the embedded Redis, the jobs that use Redis on its other shapes. The runs reach the databases straight,
+    not through PgBouncer: a killed run's sessions must end (and roll back) in PostgreSQL."""
     embedded = stack.embedded if isinstance(stack, DeployedStack) else stack
     admin = create_engine(embedded.url("postgres"), isolation_level="AUTOCOMMIT")
     decomposed = isinstance(stack, DeployedStack)
-    names = {name: [f"crash_{name}", *([f"crash_{name}_ci"] if decomposed else [])] for name in JOBS}
+    jobs = JOBS if redis_stores.shape == "embedded" else REDIS_JOBS
+    names = {name: [f"crash_{name}", *([f"crash_{name}_ci"] if decomposed else [])] for name in jobs}
     targets = {}
-    for number, name in enumerate(JOBS, start=1):
+    for number, name in enumerate(jobs, start=1):
         with admin.connect() as conn:
             for database in names[name]:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
@@ -205,35 +231,36 @@ def crash_targets(stack):
         engine = engine_of(urls)
         install_audit(engine)
         engine.dispose()
-        targets[name] = (urls, f"{stack.redis_url}?db={number}")
+        targets[name] = (urls, redis_stores.with_db(number))
     yield targets
     with admin.connect() as conn:
-        for name in JOBS:
+        for name in jobs:
             for database in names[name]:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
     admin.dispose()
 
 
 def test_sigkill_at_random_points_leaves_every_row_untouched_or_done_and_the_next_run_finishes(
-    stack, _engine, crash_targets
+    stack, _engine, redis_stores, crash_targets
 ):
-    """20 seeded trials per job (the five series at once): kill, check every row, the lease expires, the next run
-    finishes."""
-    settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=TRIALS, kill_within=KILL_WITHIN,
+    """20 seeded trials per job (8 on the Sentinel set and the cluster; the series at once): kill, check every row,
+    no bucket lost, the lease expires, the next run finishes, and Redis holds exactly what it must."""
+    trials = TRIALS if redis_stores.shape == "embedded" else SHAPE_TRIALS
+    settings = CrashSettings(n=N_CRASH, batch=CRASH_BATCH, trials=trials, kill_within=KILL_WITHIN,
                              lease_ttl=CRASH_LEASE_TTL)
     series = {
         name: start_crash_series(SCENARIOS[name], *crash_targets[name], settings, seed=f"sigkill/{name}",
                                  parent_engines=engines(_engine))
-        for name in JOBS
+        for name in crash_targets
     }
     outcomes = {name: result() for name, result in series.items()}
 
     for name, outcome in outcomes.items():
-        FIGURES[f"{layout(stack)}/crash/{name}"] = outcome["figures"]
-    assert {name: outcome["violations"] for name, outcome in outcomes.items()} == {name: [] for name in JOBS}
-    for name in JOBS:
+        FIGURES[f"{shapes(stack, redis_stores)}/crash/{name}"] = outcome["figures"]
+    assert {name: outcome["violations"] for name, outcome in outcomes.items()} == dict.fromkeys(crash_targets, [])
+    for name in crash_targets:
         figures = outcomes[name]["figures"]
-        assert figures["trials"] == TRIALS and figures["killed_while_running"] > 0, (name, figures)
+        assert figures["trials"] == trials and figures["killed_while_running"] > 0, (name, figures)
 
 
 @pytest.mark.parametrize("job_name", JOBS)
