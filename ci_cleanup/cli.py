@@ -34,7 +34,16 @@ from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
-from .resources import ServiceUnavailable, _redis_client, database_url, job_resources, redact_redis_url
+from .resources import (
+    GitLabRedis,
+    ServiceUnavailable,
+    _redis_client,
+    close_client,
+    database_url,
+    job_resources,
+    redact_redis_url,
+    store_client,
+)
 from .runs import ROWS_CHANGED
 
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
@@ -282,7 +291,8 @@ def run_jobs(
 ) -> list[tuple[str, bool, dict, tuple[str, str] | None]]:
     """Each job once, in process, on an ephemeral instance; returns (job, success, what it reported, error),
     the error as its innermost cause's message and the whole chain with its stack traces."""
-    resources = job_resources(env.get(DATABASE), env.get(REDIS), ci_database_url=env.get(CI_DATABASE), dry_run=dry_run)
+    resources = job_resources(env.get(DATABASE), _redis_url_given(env), ci_database_url=env.get(CI_DATABASE),
+                              dry_run=dry_run)
     summary = []
     with DagsterInstance.ephemeral() as instance:
         for job in jobs:
@@ -383,12 +393,22 @@ def cmd_demo(args, env, embedded: bool) -> None:
         sys.exit(1)
 
 
+def _redis_url_given(env: dict[str, str]) -> str | None:
+    """The default Redis store's URL to give the run: the embedded stack's or the demo's; None when it is the
+    operator's CI_CLEANUP_REDIS_URL, which the resource reads with the store's other variables (as a Sentinel
+    set's master name, with CI_CLEANUP_REDIS_SENTINELS), as a scheduled run would."""
+    url = env.get(REDIS)
+    return None if url == os.environ.get(REDIS) else url
+
+
 def cmd_run(args, env, embedded: bool) -> None:
     # An unreachable server is one line here, not a failed run (from GitLab's files: the run's first op says it).
     if DATABASE in env:
         gitlab_engine(env[DATABASE])[0].dispose()
-    if REDIS in env:
-        _redis_client(env[REDIS], f"Redis ({REDIS})").close()
+    if REDIS in env:  # every store the run will use, as it will reach them
+        stores = GitLabRedis(url=_redis_url_given(env)).store_configs().values()
+        for config in {config.identity: config for config in stores}.values():
+            close_client(store_client(config))
     if args.dry_run:
         print("Dry run: what the job would change (would_…); nothing is changed\n")
     if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):

@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -33,6 +36,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_dele
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .factories import S, ago, create, naive_ago, row
+from .harness import clean_env
 from .redis_servers import CLUSTER_PASSWORD, MASTER_NAME, SENTINEL_SET_PASSWORD, SENTINELS_PASSWORD, wait_until
 from .runner import failure_messages, op_metadata
 
@@ -419,3 +423,37 @@ def test_failover_mid_run_of_the_bucket_workers_loses_no_bucket_and_the_next_run
     assert _count(engine, S.ci_job_artifacts) == 0
     assert artifact_buckets.read_state(new_primary).available == frozenset(range(max_buckets))
     new_primary.close()
+
+
+def test_ci_cleanup_run_with_the_default_store_as_a_sentinel_set(stack, engine, sentinel_set, tmp_path):
+    """``ci-cleanup run`` with CI_CLEANUP_REDIS_URL naming the master and CI_CLEANUP_REDIS_SENTINELS: the run's
+    lease is taken in the Sentinel set's primary (not at a host named after the master), and no password shows."""
+    build = create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    direct = sentinel_set.direct()
+    direct.flushall()
+    taken = []
+    watching = threading.Event()
+
+    def watch_lease():  # the run's lease, seen in the primary while the run holds it
+        watching.set()
+        while not taken and watching.is_set():
+            if direct.exists(PREFIX + DROP_LEASE_KEY):
+                taken.append(direct.ttl(PREFIX + DROP_LEASE_KEY))
+    watcher = threading.Thread(target=watch_lease)
+    watcher.start()
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "ci-cleanup"), "--data-dir", str(tmp_path), "run",
+             "drop_canceling_builds"],
+            env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), **sentinel_set.env("CI_CLEANUP_REDIS")),
+            capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        watching.clear()
+        watcher.join()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert row(engine, "ci_builds", build).status == "failed"
+    assert taken and 0 < taken[0] <= 30 * 60  # taken in the primary, with the worker's TTL
+    assert direct.exists(PREFIX + DROP_LEASE_KEY) == 0  # released at the end
+    assert [p for p in PASSWORDS if p in done.stdout + done.stderr] == []
+    direct.close()
