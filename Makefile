@@ -10,7 +10,7 @@ VENV_OK := $(shell $(BIN)/python -c '$(IS_311)' >/dev/null 2>&1 && echo yes)
 
 .PHONY: demo dev test clean FORCE
 
-$(VENV)/.installed: pyproject.toml $(if $(VENV_OK),,FORCE)
+$(VENV)/.installed: pyproject.toml dagster_cli.pth $(if $(VENV_OK),,FORCE)
 	@$(PYTHON) -c '$(IS_311)' 2>/dev/null || { \
 	  echo "ci_cleanup needs Python 3.11, and $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo missing)." >&2; \
 	  echo "Run again with one: make $(or $(MAKECMDGOALS),demo) PYTHON=python3.11" >&2; exit 1; }
@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml $(if $(VENV_OK),,FORCE)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# setuptools' editable-install banner (a UserWarning) says nothing to act on here.
 	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install -q -e '.[test]'
+	cp dagster_cli.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 
 FORCE:

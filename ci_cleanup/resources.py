@@ -11,6 +11,7 @@ import os
 import re
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,6 +22,8 @@ import redis.cluster
 import redis.retry
 import redis.sentinel
 from dagster import ConfigurableResource, InitResourceContext
+from dagster._core.errors import DagsterUserCodeProcessError
+from dagster_shared.error import SerializableErrorInfo
 from pydantic import Field, PrivateAttr
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
@@ -50,6 +53,26 @@ from .gitlab.schema import (
 
 class ServiceUnavailable(RuntimeError):
     """PostgreSQL or Redis could not be reached or used; the message names which."""
+
+
+@contextmanager
+def starting(context: InitResourceContext) -> Iterator[bool]:
+    """A resource's start: whether to connect, and a start that fails for a reason the operator can fix (no URL
+    set, a server down, a bad setting: :class:`ServiceUnavailable`) fails the run in that error's one line.
+
+    Dagster would print the error under its stack traces on the console (``dagster job execute``, ``dg launch``, a
+    run worker's output), where they say nothing more: the error goes to Dagster as its message alone, the way
+    Dagster passes on an error from another process. A run that has finished is not connected again: ``dagster
+    job execute`` and ``dg launch`` open its resources once more to read its outputs.
+    """
+    if context.dagster_run is not None and context.dagster_run.is_finished:
+        yield False
+        return
+    try:
+        yield True
+    except ServiceUnavailable as error:
+        info = SerializableErrorInfo("".join(traceback.format_exception_only(error)), [], type(error).__name__)
+        raise DagsterUserCodeProcessError(info.message.strip(), user_code_process_error_infos=[info]) from None
 
 
 class DatabaseUnavailable(ServiceUnavailable):
@@ -151,6 +174,11 @@ class GitLabDatabase(ConfigurableResource):
     _resolved: dict[str, str] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        with starting(context) as connect:
+            if connect:
+                self._connect(context)
+
+    def _connect(self, context: InitResourceContext) -> None:
         self._resolved = self._read_urls()
         try:
             for database in self._urls:
@@ -525,6 +553,11 @@ class GitLabRedis(ConfigurableResource):
     _clients: dict[str, object] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        with starting(context) as connect:
+            if connect:
+                self._connect()
+
+    def _connect(self) -> None:
         self._configs = self.store_configs()
         shared: dict[tuple, object] = {}
         try:

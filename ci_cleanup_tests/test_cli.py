@@ -301,7 +301,7 @@ def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_make_refuses_a_python_that_is_not_3_11_and_rebuilds_a_venv_left_by_one(tmp_path):
-    for name in ("Makefile", "pyproject.toml"):
+    for name in ("Makefile", "pyproject.toml", "dagster_cli.pth"):
         (tmp_path / name).write_text((REPO / name).read_text())
     python312 = tmp_path / "python312"  # answers like a Python 3.12 would, and can make nothing
     python312.write_text('#!/bin/sh\n[ "$1" = -V ] && echo "Python 3.12.3" && exit 0\nexit 1\n')
@@ -329,7 +329,7 @@ def test_make_refuses_a_python_that_is_not_3_11_and_rebuilds_a_venv_left_by_one(
     cleaned = _make(tmp_path, "clean")
 
     assert cleaned.returncode == 0, cleaned.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile", "pyproject.toml", "python312"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile", "dagster_cli.pth", "pyproject.toml", "python312"]
 
 
 def test_a_resource_field_set_in_the_launchpad_needs_no_url(stack, engine, monkeypatch):

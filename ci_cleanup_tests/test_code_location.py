@@ -23,6 +23,7 @@ from ci_cleanup.demo import seed
 from .harness import clean_env, free_port, servers_of, wait_for_ui
 
 BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The schedules the product contract names, with their crons; the registry may add others.
 SCHEDULES = {
     "drop_canceling_builds_schedule": ("drop_canceling_builds", "45 * * * *"),
@@ -91,6 +92,26 @@ def test_dagster_job_execute_works_with_only_the_two_env_vars(stack, engine, red
     assert "RUN_SUCCESS" in done.stderr
     with engine.connect() as conn:
         assert conn.scalar(text(WORK[job_name])) != before
+
+
+@pytest.mark.parametrize("launch", [
+    ["dagster", "job", "execute", "-m", "ci_cleanup", "-j", "drop_canceling_builds"],
+    ["dg", "launch", "--job", "drop_canceling_builds"],
+])
+def test_a_launch_in_the_repo_root_with_no_gitlab_configured_fails_in_one_line_naming_what_to_set(launch):
+    done = subprocess.run(
+        [BIN / launch[0], *launch[1:]], env=clean_env(), capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+    )
+
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert [line for line in output.splitlines() if "No GitLab database" in line] == [
+        "ci_cleanup.resources.ServiceUnavailable: No GitLab database: set CI_CLEANUP_DATABASE_URL (and "
+        "CI_CLEANUP_CI_DATABASE_URL when GitLab is decomposed), or CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config "
+        "folder (database.yml)"
+    ]
+    assert "Traceback" not in output and "Stack Trace" not in output and 'File "' not in output, output[-3000:]
+    assert "SupersessionWarning" not in output
 
 
 def _demo(data_dir, *args: str, **env) -> subprocess.CompletedProcess:
