@@ -447,9 +447,11 @@ def dagster_pg_url(env: dict[str, str]) -> dict[str, str]:
 def cmd_dev(args, env, embedded: bool) -> None:
     """Dagster UI and daemon on 127.0.0.1; Ctrl-C stops them, then the embedded servers."""
     if "DAGSTER_HOME" not in env:
-        home = DEFAULT_DIR / "dagster_home"
-        home.mkdir(parents=True, exist_ok=True)
-        env = {**env, "DAGSTER_HOME": os.environ.get("DAGSTER_HOME", str(home))}
+        home = os.environ.get("DAGSTER_HOME")
+        if not home:  # beside the stack's data: --data-dir names every folder this command makes
+            home = Path(args.data_dir) / "dagster_home"
+            home.mkdir(parents=True, exist_ok=True)
+        env = {**env, "DAGSTER_HOME": str(home)}
     env = dagster_pg_url(env)
     ui = f"http://127.0.0.1:{args.port}"
     # dg dev, Dagster's current command (`dagster dev` warns that it is superseded by it), on this code location.
