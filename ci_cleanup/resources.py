@@ -65,7 +65,7 @@ def starting(context: InitResourceContext) -> Iterator[bool]:
     Dagster passes on an error from another process. A run that has finished is not connected again: ``dagster
     job execute`` and ``dg launch`` open its resources once more to read its outputs.
     """
-    if context.dagster_run is not None and context.dagster_run.is_finished:
+    if context.run is not None and context.run.is_finished:
         yield False
         return
     try:
