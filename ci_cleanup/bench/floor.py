@@ -1,7 +1,9 @@
-"""The true floor of each job, for the benchmark: plain psycopg2, each statement PREPAREd once per run,
-one database round trip per batch (autocommit: the statement is the batch's transaction), doing exactly
-the job's work: the same rows changed, the same guards re-checked in the writing statement, the same side
-rows (queue deletes, queued stop actions, ``ci_deleted_objects``).
+"""The true floor of each job, for the benchmark: plain psycopg2, one database round trip per batch
+(autocommit: the statement is the batch's transaction), its statement text sent each batch as GitLab sends its
+own behind PgBouncer in transaction pooling (``prepared_statements: false``: no session-level PREPARE, which
+a pooled server connection would not keep), doing exactly the job's work: the same rows changed, the same
+guards re-checked in the writing statement, the same side rows (queue deletes, queued stop actions,
+``ci_deleted_objects``).
 
 The SQL is written out by hand from the services (``ci_cleanup/*/service.py``); the benchmark checks
 that a floor and its job leave identical tables (:mod:`ci_cleanup.bench.launched`). Each floor takes a
@@ -42,25 +44,20 @@ def connect(url: str):
     parsed = make_url(url)
     args = parsed.translate_connect_args(username="user", database="dbname")
     conn = psycopg2.connect(**args, **{k: v for k, v in parsed.query.items() if isinstance(v, str)})
-    conn.autocommit = True  # each EXECUTE is its own transaction: one round trip, no BEGIN / COMMIT
+    conn.autocommit = True  # each statement is its own transaction: one round trip, no BEGIN / COMMIT
     return conn
-
-
-def _prepare(cur, name: str, statement: str) -> None:
-    cur.execute("DEALLOCATE ALL")  # a floor run prepares its statements itself, once
-    cur.execute("PREPARE " + name + " " + statement)  # fixed text: the name and the statement are constants
 
 
 # -- drop_canceling_builds: candidates in GitLab's order, dropped if still outdated and canceling, out of the queues
 
-DROP = """(timestamp, timestamp, int) AS
-WITH dropped AS (
-  UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, $2),
-         updated_at = $2, lock_version = coalesce(lock_version, 0) + 1
+DROP = """WITH dropped AS (
+  UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, %(now)s),
+         updated_at = %(now)s, lock_version = coalesce(lock_version, 0) + 1
   WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds
-                       WHERE type = 'Ci::Build' AND status = 'canceling' AND created_at < $1 AND updated_at < $1
-                       ORDER BY created_at, project_id, id LIMIT $3))
-    AND type = 'Ci::Build' AND status = 'canceling' AND created_at < $1 AND updated_at < $1
+                       WHERE type = 'Ci::Build' AND status = 'canceling'
+                         AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
+                       ORDER BY created_at, project_id, id LIMIT %(limit)s))
+    AND type = 'Ci::Build' AND status = 'canceling' AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
   RETURNING id),
 left_pending AS (DELETE FROM ci_pending_builds WHERE build_id IN (SELECT id FROM dropped)),
 left_running AS (DELETE FROM ci_running_builds WHERE build_id IN (SELECT id FROM dropped))
@@ -69,11 +66,10 @@ SELECT count(*) FROM dropped"""
 
 def drop_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
-    _prepare(cur, "floor_drop", DROP)
     cutoff = naive_utc(utc_now() - TIMEOUT)
     total = batches = 0
     while True:
-        cur.execute("EXECUTE floor_drop (%s, %s, %s)", (cutoff, naive_utc(utc_now()), DROP_BATCH))
+        cur.execute(DROP, {"cutoff": cutoff, "now": naive_utc(utc_now()), "limit": DROP_BATCH})
         n = cur.fetchone()[0]
         if not n:
             return total, batches
@@ -82,26 +78,24 @@ def drop_floor(conn, client: redis.Redis) -> tuple[int, int]:
 
 # -- stale_runner_machines_cleanup: two ordered scans of the contacted_at index, the stale rule repeated on the DELETE
 
-STALE = """(timestamptz, int) AS
-WITH deleted AS (
+STALE = """WITH deleted AS (
   DELETE FROM ci_runner_machines WHERE id = ANY(ARRAY(
-    SELECT id FROM ((SELECT id FROM ci_runner_machines WHERE contacted_at <= $1 AND created_at <= $1
-                     ORDER BY contacted_at DESC, id DESC LIMIT $2)
+    SELECT id FROM ((SELECT id FROM ci_runner_machines WHERE contacted_at <= %(deadline)s AND created_at <= %(deadline)s
+                     ORDER BY contacted_at DESC, id DESC LIMIT %(limit)s)
                     UNION ALL
-                    (SELECT id FROM ci_runner_machines WHERE contacted_at IS NULL AND created_at <= $1
-                     ORDER BY contacted_at DESC, id DESC LIMIT $2)) stale LIMIT $2))
-    AND created_at <= $1 AND (contacted_at IS NULL OR contacted_at <= $1)
+                    (SELECT id FROM ci_runner_machines WHERE contacted_at IS NULL AND created_at <= %(deadline)s
+                     ORDER BY contacted_at DESC, id DESC LIMIT %(limit)s)) stale LIMIT %(limit)s))
+    AND created_at <= %(deadline)s AND (contacted_at IS NULL OR contacted_at <= %(deadline)s)
   RETURNING 1)
 SELECT count(*) FROM deleted"""
 
 
 def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
-    _prepare(cur, "floor_stale", STALE)
     deadline = stale_deadline(utc_now())
     total = batches = 0
     while True:  # the job's loop: until a pass deletes nothing or max_deletions are gone
-        cur.execute("EXECUTE floor_stale (%s, %s)", (deadline, min(SUB_BATCH_LIMIT, STALE_MAX_DELETIONS - total)))
+        cur.execute(STALE, {"deadline": deadline, "limit": min(SUB_BATCH_LIMIT, STALE_MAX_DELETIONS - total)})
         n = cur.fetchone()[0]
         total, batches = total + n, batches + 1
         if not n or total >= STALE_MAX_DELETIONS:
@@ -113,15 +107,14 @@ def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
 # of chunk k+1 are one statement (the page is past chunk k's ids, so the two never meet): one database and one
 # Redis round trip per chunk.
 
-EXPORTS = """(bigint, int, bigint[], text[], timestamptz, timestamptz) AS
-WITH failed AS (
-  UPDATE project_export_jobs j SET status = 3, updated_at = $6
-  FROM unnest($3, $4) AS checked(id, jid)
+EXPORTS = """WITH failed AS (
+  UPDATE project_export_jobs j SET status = 3, updated_at = %(now)s
+  FROM unnest(%(ids)s::bigint[], %(jids)s::text[]) AS checked(id, jid)
   WHERE j.id = checked.id AND j.jid = checked.jid AND j.status IN (0, 1)
-    AND NOT (j.created_at > $5
+    AND NOT (j.created_at > %(grace_cutoff)s
              AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id))
   RETURNING 1),
-page AS (SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > $1 ORDER BY id LIMIT $2)
+page AS (SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > %(after)s ORDER BY id LIMIT %(limit)s)
 SELECT (SELECT count(*) FROM failed), array_agg(id ORDER BY id), array_agg(jid ORDER BY id) FROM page"""
 
 
@@ -132,14 +125,13 @@ def _array(values) -> str:
 
 def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
-    _prepare(cur, "floor_exports", EXPORTS)
     grace_cutoff = utc_now() - EXPORT_JOBS_EXPIRATION
     total = batches = after = 0
     ids: list = []
     jids: list = []
     while True:
-        cur.execute("EXECUTE floor_exports (%s, %s, %s, %s, %s, %s)",
-                    (after, CHUNK_SIZE, _array(ids), _array(jids), grace_cutoff, utc_now()))
+        cur.execute(EXPORTS, {"after": after, "limit": CHUNK_SIZE, "ids": _array(ids), "jids": _array(jids),
+                              "grace_cutoff": grace_cutoff, "now": utc_now()})
         failed, page_ids, page_jids = cur.fetchone()
         total += failed
         if not page_ids:
@@ -153,11 +145,11 @@ def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
 # -- environments_auto_stop: page by (auto_stop_at, id); stopping with stop actions (the manual ones played and
 # queued with their partition_id), stopped when always, left otherwise; each UPDATE re-checks auto-stoppable.
 
-ENVS = """(timestamptz, timestamp, timestamptz, bigint, int) AS
-WITH batch AS (
+ENVS = """WITH batch AS (
   SELECT id, auto_stop_setting, auto_stop_at FROM environments
-  WHERE state = 'available' AND auto_stop_at < $1 AND auto_stop_at >= $3 AND (auto_stop_at > $3 OR id > $4)
-  ORDER BY auto_stop_at, id LIMIT $5),
+  WHERE state = 'available' AND auto_stop_at < %(now)s
+    AND auto_stop_at >= %(after_at)s AND (auto_stop_at > %(after_at)s OR id > %(after_id)s)
+  ORDER BY auto_stop_at, id LIMIT %(limit)s),
 actions AS (
   SELECT batch.id AS environment_id, stop_action.id
   FROM batch
@@ -167,17 +159,17 @@ actions AS (
   JOIN p_ci_builds stop_action ON stop_action.commit_id = deployable.commit_id
    AND stop_action.name = last_deployment.on_stop AND stop_action.type = 'Ci::Build'),
 stopping AS (
-  UPDATE environments SET state = 'stopping', updated_at = $2
-  WHERE id = ANY(ARRAY(SELECT environment_id FROM actions)) AND state = 'available' AND auto_stop_at < $1
+  UPDATE environments SET state = 'stopping', updated_at = %(now_naive)s
+  WHERE id = ANY(ARRAY(SELECT environment_id FROM actions)) AND state = 'available' AND auto_stop_at < %(now)s
   RETURNING id),
 stopped AS (
-  UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = $2
+  UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = %(now_naive)s
   WHERE id = ANY(ARRAY(SELECT id FROM batch WHERE auto_stop_setting = 0
                        AND id NOT IN (SELECT environment_id FROM actions)))
-    AND state = 'available' AND auto_stop_at < $1 AND auto_stop_setting = 0
+    AND state = 'available' AND auto_stop_at < %(now)s AND auto_stop_setting = 0
   RETURNING id),
 played AS (
-  UPDATE p_ci_builds SET status = 'pending', queued_at = $2, updated_at = $2,
+  UPDATE p_ci_builds SET status = 'pending', queued_at = %(now_naive)s, updated_at = %(now_naive)s,
          lock_version = coalesce(lock_version, 0) + 1
   WHERE id = ANY(ARRAY(SELECT id FROM actions WHERE environment_id IN (SELECT id FROM stopping))) AND status = 'manual'
   RETURNING id, project_id, partition_id),
@@ -191,12 +183,12 @@ SELECT (SELECT count(*) FROM stopping) + (SELECT count(*) FROM stopped),
 
 def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
-    _prepare(cur, "floor_envs", ENVS)
     after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:
         now = utc_now()
-        cur.execute("EXECUTE floor_envs (%s, %s, %s, %s, %s)", (now, naive_utc(now), *after, ENVS_BATCH))
+        cur.execute(ENVS, {"now": now, "now_naive": naive_utc(now), "after_at": after[0], "after_id": after[1],
+                           "limit": ENVS_BATCH})
         changed, last_at, last_id = cur.fetchone()
         if last_id is None:
             break
@@ -215,14 +207,15 @@ FLAGS = """WITH flags AS (
   WHERE feature_key IN ('bulk_delete_job_artifacts', 'bulk_delete_job_artifacts_high_concurrency')
     AND key = 'boolean' AND value = 'true')"""
 
-ARTIFACTS = "(int, timestamptz, int, timestamptz, timestamptz, timestamptz) AS " + FLAGS + """,
+ARTIFACTS = FLAGS + """,
 deleted AS (
   DELETE FROM p_ci_job_artifacts WHERE id = ANY(ARRAY(
     SELECT id FROM p_ci_job_artifacts
-    WHERE expire_at < $2 AND file_type <> 3 AND locked = 0
-      AND CASE WHEN mod(project_id::numeric + job_id, (SELECT max_buckets FROM flags)) = $1 THEN true ELSE false END
-      AND expire_at >= $4 AND (SELECT enabled FROM flags) AND $1 < (SELECT max_buckets FROM flags)
-    ORDER BY expire_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+    WHERE expire_at < %(now)s AND file_type <> 3 AND locked = 0
+      AND CASE WHEN mod(project_id::numeric + job_id, (SELECT max_buckets FROM flags)) = %(bucket)s
+               THEN true ELSE false END
+      AND expire_at >= %(after)s AND (SELECT enabled FROM flags) AND %(bucket)s < (SELECT max_buckets FROM flags)
+    ORDER BY expire_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
   RETURNING id, project_id, job_id, file, file_store, file_final_path, expire_at, created_at),
 recorded AS (
   INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
@@ -231,7 +224,7 @@ recorded AS (
               ELSE concat_ws('/', substr(digest, 1, 2), substr(digest, 3, 2), digest,
                              to_char(timezone('UTC', created_at), 'YYYY_MM_DD'), job_id, id) END,
          CASE WHEN path IS NOT NULL THEN regexp_replace(path, '^.*/', '') ELSE file END,
-         project_id, least(greatest(expire_at, $5), $6)
+         project_id, least(greatest(expire_at, %(earliest)s), %(latest)s)
   FROM deleted, LATERAL (SELECT nullif(file_final_path, '') AS path,
                                 regexp_replace(nullif(file_final_path, ''), '[^/]*$', '') AS head,
                                 encode(sha256(convert_to(project_id::text, 'UTF8')), 'hex') AS digest) derived
@@ -242,7 +235,6 @@ SELECT (SELECT count(*) FROM deleted), (SELECT max(expire_at) FROM deleted),
 
 def artifacts_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
-    _prepare(cur, "floor_artifacts", ARTIFACTS)
     cur.execute(FLAGS + " SELECT enabled, max_buckets FROM flags")  # the scheduler's read, once per run
     enabled, max_buckets = cur.fetchone()
     if not enabled:
@@ -255,8 +247,8 @@ def artifacts_floor(conn, client: redis.Redis) -> tuple[int, int]:
         after = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
         while True:
             now = utc_now()
-            cur.execute("EXECUTE floor_artifacts (%s, %s, %s, %s, %s, %s)",
-                        (bucket, now, ARTIFACTS_BATCH, after, now - PICK_UP_AT_EARLIEST, now + PICK_UP_AT_LATEST))
+            cur.execute(ARTIFACTS, {"bucket": bucket, "now": now, "limit": ARTIFACTS_BATCH, "after": after,
+                                    "earliest": now - PICK_UP_AT_EARLIEST, "latest": now + PICK_UP_AT_LATEST})
             n, last, enabled, max_buckets = cur.fetchone()
             if not enabled or bucket >= max_buckets:
                 break
