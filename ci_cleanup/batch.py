@@ -75,13 +75,14 @@ def skipped(why: str) -> Start:
 class Lease:
     """A job's ``Gitlab::ExclusiveLease``: its key, TTL and ``in_lock``'s retries.
 
-    Not frozen: a test shortens the TTL in the one process whose run it kills.
+    Not frozen: a test shortens the TTL in the one process whose run it kills, or renews after every batch.
     """
 
     key: str
     ttl_seconds: int
     retries: int = 0
     retry_sleep_seconds: float = 1.0  # ExclusiveLeaseHelpers sleeps between tries
+    renew_every_seconds: float | None = None  # unset: a tenth of the TTL
 
     def of_run(self, context: OpExecutionContext | HookContext, client) -> ExclusiveLease:
         return ExclusiveLease(client, self.key, self.ttl_seconds, uuid=context.run_id)
@@ -94,16 +95,29 @@ class Lease:
                 time.sleep(self.retry_sleep_seconds)
         return False
 
-    def keeper(self, context: OpExecutionContext, gitlab_redis: GitLabRedis) -> Callable[[], None]:
-        """Called after each batch: renews the lease, or stops the run if another process has it now."""
+    def keeper(self, context: OpExecutionContext, gitlab_redis: GitLabRedis, clock=time.monotonic
+               ) -> Callable[[], None]:
+        """Called after each batch: once a tenth of the TTL has passed since the lease was last taken or renewed,
+        renews it, or stops the run if another process has it now.
+
+        GitLab's workers never renew (``in_lock`` holds the lease for its TTL, longer than the run may last: run
+        monitoring fails a run that outlives it). Renewing still finds a lease deleted or taken by hand, within a
+        tenth of the TTL, and keeps it held whatever a batch costs; a Redis round trip per batch would not.
+        """
         lease = self.of_run(context, gitlab_redis.leases)
         where = getattr(lease.client, "server", None) or "Redis"
+        every = self.ttl_seconds / 10 if self.renew_every_seconds is None else self.renew_every_seconds
+        last = clock()
 
         def renew() -> None:
+            nonlocal last
+            if clock() - last < every:
+                return
             if not lease.renew():
                 raise RuntimeError(
                     f"Lost lease {self.key} in {where} mid-run; stopping so that two runs never work at once"
                 )
+            last = clock()
 
         return renew
 
