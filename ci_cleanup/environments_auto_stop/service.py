@@ -294,10 +294,11 @@ def _cursor(rows) -> tuple | None:
 
 
 def _stop_actions(
-    ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], dry_run: bool
+    ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], dry_run: bool, savepoint: bool = True
 ) -> dict[int, Row]:
     """Each picked environment's stop actions (and those played), in one ci transaction, committed; on one database
-    (``ci`` is main's connection, in the batch's transaction), under a savepoint of the batch's transaction."""
+    (``ci`` is main's connection, in the batch's transaction), under a savepoint of the batch's transaction unless
+    ``savepoint`` is false."""
     deployed = [env for env in picked if env.deployable_id is not None and env.on_stop is not None]
     if not deployed:
         return {}
@@ -305,7 +306,8 @@ def _stop_actions(
         "environment_ids": [env.id for env in deployed], "deployable_ids": [env.deployable_id for env in deployed],
         "on_stops": [env.on_stop for env in deployed], "naive_now": naive_utc(now),
     }
-    with ci.begin_nested() if ci.in_transaction() else ci.begin():
+    in_batch = ci.in_transaction()
+    with (ci.begin_nested() if savepoint else contextlib.nullcontext()) if in_batch else ci.begin():
         return {r.environment_id: r for r in ci.execute(stop_actions_statement(schema, dry_run=dry_run), params)}
 
 
@@ -339,6 +341,7 @@ def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_
 def stop_picked(
     main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], *,
     dry_run: bool = False, play: bool = True, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
+    careful: bool = True,
 ) -> BatchOutcome:
     """Stop the environments ``picked`` (locked in ``main``'s open transaction), as ``stop_with_actions!`` does.
 
@@ -348,14 +351,16 @@ def stop_picked(
     plays nothing more and writes their state, so nothing is lost or done twice. What a database refuses for the
     batch is done environment by environment (``ci`` in its own transactions, ``main`` under savepoints); an
     environment refused is reported (``failed``) and left available. ``play=False``: the stop actions are only
-    looked up (as in a dry run), and their environments left ``not_played``.
+    looked up (as in a dry run), and their environments left ``not_played``. ``careful=False`` (one database only):
+    no savepoints, and what a database refuses is raised, for the caller to roll the batch back and do it again
+    carefully.
     """
     batch = BatchOutcome()
     look_only = dry_run or not play
     try:
-        actions = _stop_actions(ci, schema, now, picked, look_only)
+        actions = _stop_actions(ci, schema, now, picked, look_only, savepoint=careful)
     except DBAPIError as e:
-        if e.connection_invalidated:
+        if e.connection_invalidated or not careful:
             raise
         actions = {}
         for env in list(picked):
@@ -369,10 +374,10 @@ def stop_picked(
         outcomes = plan
     else:
         try:
-            with main.begin_nested():
+            with main.begin_nested() if careful else contextlib.nullcontext():
                 outcomes = _write_states(main, schema, now, plan)
         except DBAPIError as e:
-            if e.connection_invalidated:
+            if e.connection_invalidated or not careful:
                 raise
             outcomes = {}
             for env_id, outcome in plan.items():
@@ -393,12 +398,30 @@ def stop_next_batch(
     dry_run: bool = False, play: bool = True, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
 ) -> tuple[BatchOutcome, tuple | None]:
     """The next batch: picked (and locked) in ``main``, stopped by :func:`stop_picked`, committed; with the cursor
-    after it (None: no more)."""
+    after it (None: no more).
+
+    On one database the batch is one transaction, first tried without savepoints (a round trip to open one and one
+    to release it, for each of its two steps): if the database refuses it, nothing of it stays, and it is done again
+    with them, so that what is refused is done environment by environment. Decomposed, ``ci`` commits before
+    ``main`` writes, so ``main``'s write is always under its savepoint: a batch done again would play nothing more
+    and count its stop actions as not started.
+    """
     params = {"now": now, "after_at": after[0], "after_id": after[1], "limit": limit}
-    with main.begin():
-        picked = main.execute(pick_statement(schema, lock=not dry_run), params).all()
-        batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error)
-    return batch, _cursor(picked)
+
+    def attempt(careful: bool) -> tuple[BatchOutcome, tuple | None]:
+        with main.begin():
+            picked = main.execute(pick_statement(schema, lock=not dry_run), params).all()
+            batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error,
+                                careful=careful)
+        return batch, _cursor(picked)
+
+    if main is ci:
+        try:
+            return attempt(careful=False)
+        except DBAPIError as e:
+            if e.connection_invalidated:
+                raise
+    return attempt(careful=True)
 
 
 def stop_environment(
