@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from ci_cleanup.bench import seed
@@ -78,4 +78,22 @@ def test_a_duplicate_found_when_the_indexes_are_built_rolls_the_whole_insert_bac
     with engine.connect() as conn:
         assert _catalog(conn) == created
         assert conn.scalar(text("SELECT count(*) FROM p_ci_job_artifacts")) == 0
+    engine.dispose()
+
+
+def test_growing_the_bench_tables_builds_the_big_ones_indexes_after(scratch_database, monkeypatch):
+    """``bench``'s grow: no transaction of its own stays open (its lock would block dropping the indexes)."""
+    from ci_cleanup.bench import run
+
+    gitlab_database(scratch_database).dispose()
+    engine = create_engine(scratch_database, connect_args={"options": "-c lock_timeout=10s"})
+    with engine.connect() as conn:
+        created = _catalog(conn)
+    monkeypatch.setattr(seed, "REBUILD_FROM", 200)
+    run.grow(engine, 300, log=lambda line: None)  # builds and artifacts at once, the others (30) row by row
+    with engine.connect() as conn:
+        assert _catalog(conn) == created
+        counts = {table: seed.rows_in(engine, table) for table in seed.INSERTS}
+    assert counts == {"ci_builds": 300, "ci_runner_machines": 30, "project_export_jobs": 30, "environments": 30,
+                      "ci_job_artifacts": 300}
     engine.dispose()

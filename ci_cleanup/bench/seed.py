@@ -34,9 +34,7 @@ PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
 NONE = 2**62  # an `every` no series number reaches: no candidates
 CHUNK = 1_000_000  # rows per INSERT statement
 REBUILD_FROM = 1_000_000  # rows inserted at once, into a table holding fewer, from which its indexes are built after
-# The tables each insert fills by the million, its own first (the rows it inserts, against the rows there).
-FILLS = {"ci_builds": ("p_ci_builds",), "ci_job_artifacts": ("p_ci_job_artifacts",),
-         "environments": ("environments", "deployments")}
+ALSO_FILLS = {"environments": ("deployments",)}  # filled beside the table: two deployments per environment
 # Building GitLab's indexes after the rows: memory to sort a 10 M-row index at once, a worker beside the leader.
 INDEX_BUILD = {"maintenance_work_mem": "1GB", "max_parallel_maintenance_workers": "2"}
 
@@ -209,17 +207,19 @@ def indexes_built_after(conn: Connection, *tables: str) -> Iterator[None]:
                                  execution_options=as_written)
 
 
-def _rows_in(engine: Engine, table: str) -> int:
+def rows_in(engine: Engine, table: str) -> int:
+    """Rows of ``table`` (one of :data:`INSERTS`), every partition's; in a transaction of its own, which must not
+    stay open while :func:`insert` drops indexes (its lock would block that)."""
     with engine.connect() as conn:
-        return conn.scalar(text(f"SELECT count(*) FROM {table}"))  # table: one of FILLS'
+        return conn.scalar(text(f"SELECT count(*) FROM {PARENT.get(table, table)}"))
 
 
 def insert(engine: Engine, table: str, n: int, every: int = NONE, now: dt.datetime | None = None) -> None:
     """``n`` rows of ``table``'s mix in one transaction; from ``REBUILD_FROM`` rows into a table holding fewer,
     with the indexes of the tables it fills built after the rows (:func:`indexes_built_after`)."""
     now = now or utc_now()
-    fills = FILLS.get(table, (table,))
-    bulk = n >= REBUILD_FROM and n >= _rows_in(engine, fills[0])
+    fills = (PARENT.get(table, table), *ALSO_FILLS.get(table, ()))
+    bulk = n >= REBUILD_FROM and n >= rows_in(engine, table)
     with engine.begin() as conn, indexes_built_after(conn, *fills) if bulk else contextlib.nullcontext():
         for start in range(0, n, CHUNK):
             INSERTS[table](conn, min(CHUNK, n - start), every, now)
