@@ -172,7 +172,7 @@ def test_deployed_section_is_replaced_not_repeated():
     figures = launched.Launched("drop_canceling_builds", 100)
     figures.seconds["job"], figures.seconds[launched.DEPLOYED] = [10.0, 20.0, 10.0], [11.0, 20.0, 15.0]
     assert figures.deployed_vs_direct == 1.1  # rounds 1.1, 1.0, 1.5; the medians' ratio would be 15 / 10
-    headline = "# Benchmarks\n\n| headline |\n\njob_vs_floor_max=1.00\n\n## The services\n\n| services |\n"
+    headline = "# Benchmarks\n\n| headline |\n\nwork_vs_floor_max=1.00\n\n## The services\n\n| services |\n"
     once = run.with_deployed_section(headline, run.deployed_section([figures]))
     assert once.count(run.DEPLOYED_HEADING) == 1 and "\ndeployed_vs_direct_max=1.10\n" in once
     assert once.index("| headline |") < once.index(run.DEPLOYED_HEADING) < once.index("## The services")
@@ -180,3 +180,31 @@ def test_deployed_section_is_replaced_not_repeated():
     twice = run.with_deployed_section(once, run.deployed_section([figures]))
     assert twice.count(run.DEPLOYED_HEADING) == 1 and "\ndeployed_vs_direct_max=1.05\n" in twice
     assert "1.10" not in twice and twice.endswith("## The services\n\n| services |\n")
+
+
+def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_start_up_over_the_bare_job(tmp_path):
+    """Work = (job − the job's idle run) / floor, medians; start-up = the job's idle run − the bare job's."""
+    from argparse import Namespace
+
+    from ci_cleanup.bench import run
+
+    quick = launched.Launched("stuck_export_jobs", 100, rows=100, batches=1)
+    quick.seconds.update(job=[10.0, 12.0, 11.0], floor=[6.0, 6.0, 7.0], service=[8.0, 8.0, 8.0],
+                         run_record=[9.0, 9.0, 9.0])
+    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]  # work 11 − 2 = 9 s against a 6 s floor: 1.50; idle − bare 0.30
+    slow_start = launched.Launched("drop_canceling_builds", 100, rows=100, batches=1)
+    slow_start.seconds.update(job=[20.0, 20.0, 21.0], floor=[17.0, 17.0, 16.0], service=[18.0, 18.0, 18.0],
+                              run_record=[18.0, 18.0, 18.0])
+    slow_start.idle = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00; idle − bare 1.30
+    bare = [1.5, 1.6, 1.7, 1.8, 1.9]
+    args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
+                     repeats=3, memory_candidates=1_000_000)
+    path = tmp_path / "BENCHMARKS.md"
+    run.write_markdown(path, "| services |", [quick, slow_start], args=args, server="16.2",
+                       load={"before": (1, 1, 1), "after": (1, 1, 1)}, daemon_s=None, bare=bare)
+    markdown = path.read_text()
+    headline = markdown.split("## The jobs as the daemon runs them, against their floor\n")[1].split("\n## ")[0]
+    assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.50\nstartup_over_bare_s=1.30")
+    assert "| 1.50 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
+    assert "PREPARE" in headline and "statement text each batch" in headline
+    assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")

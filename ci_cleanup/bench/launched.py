@@ -75,7 +75,7 @@ RUN_CONFIG = {  # YAML, written as JSON
 CONTENDERS = ("job", "floor", "service")
 DEPLOYED = "deployed"
 DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
-IDLE_RUNS = 3  # launches with nothing to do, per job (the median is the figure)
+IDLE_RUNS = 5  # launches with nothing to do, per job and of the bare job (the median is the figure)
 
 
 @dataclass
@@ -110,6 +110,11 @@ class Launched:
     def work_vs_floor(self) -> float:
         """The job with its idle run (start-up, run start and end) taken off, against the floor."""
         return (self.median("job") - self.idle_s) / self.median("floor")
+
+    def idle_over_bare(self, bare: list[float]) -> float:
+        """The job's idle run over a bare Dagster job's (medians, whole process): what its own start-up (imports,
+        resources, run start and end) adds to Dagster's."""
+        return self.idle_s - statistics.median(bare)
 
     @property
     def dagster_ms_per_batch(self) -> float:

@@ -11,12 +11,18 @@ or trace artifacts. Values are derived from the series number, so a seed is dete
 
 Each ``insert_*`` takes ``every``: row ``g`` is a candidate when ``g % every = 0`` (1: all
 candidates; :data:`NONE`: none), which is how the benchmark adds work to a big table.
+
+A big insert into a smaller table (a seed, the benchmark growing its tables) builds the table's indexes after
+its rows instead of keeping them up row by row (:func:`indexes_built_after`): each partition of ``p_ci_builds``
+carries 24 of GitLab's indexes beside its primary key, and every row inserted updated all 25.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
+from collections.abc import Iterator
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
@@ -26,7 +32,11 @@ from ..gitlab.schema import create_schema, naive_utc, utc_now
 # The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
 PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
 NONE = 2**62  # an `every` no series number reaches: no candidates
-CHUNK = 1_000_000  # rows per INSERT, so a big seed commits (and reports) as it goes
+CHUNK = 1_000_000  # rows per INSERT statement
+REBUILD_FROM = 1_000_000  # rows inserted at once, into a table holding fewer, from which its indexes are built after
+ALSO_FILLS = {"environments": ("deployments",)}  # filled beside the table: two deployments per environment
+# Building GitLab's indexes after the rows: memory to sort a 10 M-row index at once, a worker beside the leader.
+INDEX_BUILD = {"maintenance_work_mem": "1GB", "max_parallel_maintenance_workers": "2"}
 
 # (table, rows at scale 1.0, a candidate every n rows)
 MIX = {
@@ -151,11 +161,67 @@ INSERTS = {
 }
 
 
+# A table's indexes at every level of its partition tree, parents first, in the order they were created: the
+# definition, the partitioned index it is attached to, and whether a constraint uses it (primary key, unique).
+_INDEXES = text("""
+    SELECT i.indexrelid::regclass::text AS name, pg_get_indexdef(i.indexrelid) AS definition,
+           attached.inhparent::regclass::text AS attached_to,
+           EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = i.indexrelid) AS constrained
+    FROM (SELECT relid, level FROM pg_partition_tree(CAST(:table AS regclass))
+          UNION SELECT CAST(:table AS regclass), 0) tree  -- a plain table has no partition tree
+    JOIN pg_index i ON i.indrelid = tree.relid
+    LEFT JOIN pg_inherits attached ON attached.inhrelid = i.indexrelid
+    ORDER BY tree.level, i.indexrelid
+""")
+
+
+@contextlib.contextmanager
+def indexes_built_after(conn: Connection, *tables: str) -> Iterator[None]:
+    """Inside: ``tables`` without the indexes no constraint uses (every partition's too); after: the same
+    indexes built again, as :func:`~ci_cleanup.gitlab.schema.create_schema` made them.
+
+    Primary keys and unique constraints stay, and with them the ids GitLab's triggers assign are checked as
+    the rows go in. A unique index checks its rows when built again: in the caller's transaction, a duplicate
+    rolls the whole insert back, as the INSERT would have failed. A partitioned index comes back ``ON ONLY``
+    its table, each partition's index under its own name (GitLab's for ``ci_builds``, PostgreSQL's for the
+    dynamic partitions), then attached; all in the order first created, after the constraints' indexes, so a
+    table's indexes keep their order (the planner meets them in OID order).
+    """
+    indexes, dropped = [], set()
+    for index in (row for table in tables for row in conn.execute(_INDEXES, {"table": table})):
+        if not index.constrained and (index.attached_to is None or index.attached_to in dropped):
+            indexes.append(index)
+            dropped.add(index.name)
+    for index in indexes:
+        if index.attached_to is None:  # a partitioned index takes its partitions' with it
+            conn.execute(text(f"DROP INDEX {index.name}"))
+    yield
+    for name, value in INDEX_BUILD.items():
+        conn.execute(text("SELECT set_config(:name, :value, true)"), {"name": name, "value": value})
+    as_written = {"no_parameters": True}  # the DDL as PostgreSQL wrote it: no bind parameters in it
+    for index in indexes:
+        conn.exec_driver_sql(index.definition, execution_options=as_written)
+    for index in reversed(indexes):  # the deepest partitions first
+        if index.attached_to is not None:
+            conn.exec_driver_sql(f"ALTER INDEX {index.attached_to} ATTACH PARTITION {index.name}",
+                                 execution_options=as_written)
+
+
+def rows_in(engine: Engine, table: str) -> int:
+    """Rows of ``table`` (one of :data:`INSERTS`), every partition's; in a transaction of its own, which must not
+    stay open while :func:`insert` drops indexes (its lock would block that)."""
+    with engine.connect() as conn:
+        return conn.scalar(text(f"SELECT count(*) FROM {PARENT.get(table, table)}"))
+
+
 def insert(engine: Engine, table: str, n: int, every: int = NONE, now: dt.datetime | None = None) -> None:
-    """``n`` rows of ``table``'s mix, ``CHUNK`` rows per transaction."""
+    """``n`` rows of ``table``'s mix in one transaction; from ``REBUILD_FROM`` rows into a table holding fewer,
+    with the indexes of the tables it fills built after the rows (:func:`indexes_built_after`)."""
     now = now or utc_now()
-    for start in range(0, n, CHUNK):
-        with engine.begin() as conn:
+    fills = (PARENT.get(table, table), *ALSO_FILLS.get(table, ()))
+    bulk = n >= REBUILD_FROM and n >= rows_in(engine, table)
+    with engine.begin() as conn, indexes_built_after(conn, *fills) if bulk else contextlib.nullcontext():
+        for start in range(0, n, CHUNK):
             INSERTS[table](conn, min(CHUNK, n - start), every, now)
 
 

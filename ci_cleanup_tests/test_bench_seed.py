@@ -1,0 +1,99 @@
+"""A big seed builds GitLab's indexes after its rows and leaves the schema exactly as ``create_schema`` made it
+(a scratch database each)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import IntegrityError
+
+from ci_cleanup.bench import seed
+
+from .harness import gitlab_database
+
+OURS = "IN ('public', 'gitlab_partitions_dynamic')"
+CATALOG = {
+    "indexes": f"SELECT schemaname, tablename, indexname, indexdef FROM pg_indexes WHERE schemaname {OURS}",
+    "constraints": "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), conindid::regclass::text, "
+                   f"conparentid::regclass::text FROM pg_constraint WHERE connamespace::regnamespace::text {OURS}",
+    "attached": "SELECT inhrelid::regclass::text, inhparent::regclass::text FROM pg_inherits "
+                "JOIN pg_class c ON c.oid = inhrelid AND c.relkind IN ('i', 'I')",
+    "flags": "SELECT indexrelid::regclass::text, indisvalid, indisready, indislive, indisunique, indisprimary, "
+             "indisclustered, indisreplident FROM pg_index WHERE indrelid::regclass::text NOT LIKE 'pg_%'",
+    # the order the planner meets a table's indexes in
+    "order": "SELECT indrelid::regclass::text, string_agg(indexrelid::regclass::text, ' ' ORDER BY indexrelid) "
+             "FROM pg_index WHERE indrelid::regclass::text NOT LIKE 'pg_%' GROUP BY 1",
+    "triggers": "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal",
+}
+
+
+def _catalog(conn) -> dict[str, list[tuple]]:
+    return {name: sorted(tuple(row) for row in conn.execute(text(query))) for name, query in CATALOG.items()}
+
+
+def _index_count(conn) -> int:
+    return conn.scalar(text(f"SELECT count(*) FROM pg_indexes WHERE schemaname {OURS}"))
+
+
+def test_a_big_insert_builds_the_indexes_after_its_rows_and_leaves_the_schema_as_it_was(
+        scratch_database, monkeypatch):
+    engine = gitlab_database(scratch_database)
+    with engine.connect() as conn:
+        created = _catalog(conn)
+    monkeypatch.setattr(seed, "REBUILD_FROM", 200)
+    indexes_during = {}
+    for table, insert in seed.INSERTS.items():
+        def spy(conn, n, every, now, table=table, insert=insert):
+            indexes_during[table] = _index_count(conn)
+            insert(conn, n, every, now)
+        monkeypatch.setitem(seed.INSERTS, table, spy)
+        seed.insert(engine, table, 300, every=10)  # into an empty table: indexes built after
+    with engine.connect() as conn:
+        assert _catalog(conn) == created
+        everyone = _index_count(conn)
+        assert conn.execute(text("SELECT min(id), max(id), count(*) FROM p_ci_builds")).one() == (1, 300, 300)
+        assert conn.scalar(text("SELECT count(*) FROM deployments")) == 600
+    assert all(during < everyone - 40 for table, during in indexes_during.items() if table == "ci_builds")
+    assert all(during < everyone for during in indexes_during.values())
+
+    indexes_during.clear()
+    seed.insert(engine, "ci_builds", 200, every=10)  # no more rows than the table holds: indexes kept up
+    assert indexes_during == {"ci_builds": everyone}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT min(id), max(id), count(*) FROM p_ci_builds")).one() == (1, 500, 500)
+        assert conn.scalar(text("SELECT count(*) FROM ci_running_builds")) == 50
+    engine.dispose()
+
+
+def test_a_duplicate_found_when_the_indexes_are_built_rolls_the_whole_insert_back(scratch_database):
+    engine = gitlab_database(scratch_database)
+    with engine.connect() as conn:
+        created = _catalog(conn)
+    duplicate = text("""INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, file_store,
+                                                        locked, created_at, updated_at)
+                        SELECT 100, 1, 7, 1, 2, 0, now(), now() FROM generate_series(1, 2)""")
+    with pytest.raises(IntegrityError, match="could not create unique index"):
+        with engine.begin() as conn, seed.indexes_built_after(conn, "p_ci_job_artifacts"):
+            conn.execute(duplicate)  # GitLab's unique index is not there to refuse it
+    with engine.connect() as conn:
+        assert _catalog(conn) == created
+        assert conn.scalar(text("SELECT count(*) FROM p_ci_job_artifacts")) == 0
+    engine.dispose()
+
+
+def test_growing_the_bench_tables_builds_the_big_ones_indexes_after(scratch_database, monkeypatch):
+    """``bench``'s grow: no transaction of its own stays open (its lock would block dropping the indexes)."""
+    from ci_cleanup.bench import run
+
+    gitlab_database(scratch_database).dispose()
+    engine = create_engine(scratch_database, connect_args={"options": "-c lock_timeout=10s"})
+    with engine.connect() as conn:
+        created = _catalog(conn)
+    monkeypatch.setattr(seed, "REBUILD_FROM", 200)
+    run.grow(engine, 300, log=lambda line: None)  # builds and artifacts at once, the others (30) row by row
+    with engine.connect() as conn:
+        assert _catalog(conn) == created
+        counts = {table: seed.rows_in(engine, table) for table in seed.INSERTS}
+    assert counts == {"ci_builds": 300, "ci_runner_machines": 30, "project_export_jobs": 30, "environments": 30,
+                      "ci_job_artifacts": 300}
+    engine.dispose()
