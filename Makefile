@@ -8,7 +8,7 @@ IS_311 := import sys; sys.exit(sys.version_info[:2] != (3, 11))
 # rebuilt from scratch instead of being reused by every later make.
 VENV_OK := $(shell $(BIN)/python -c '$(IS_311)' >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo dev test clean FORCE
+.PHONY: demo dev test clean bytecode FORCE
 
 $(VENV)/.installed: pyproject.toml dagster_cli.pth $(if $(VENV_OK),,FORCE)
 	@$(PYTHON) -c '$(IS_311)' 2>/dev/null || { \
@@ -24,10 +24,15 @@ $(VENV)/.installed: pyproject.toml dagster_cli.pth $(if $(VENV_OK),,FORCE)
 
 FORCE:
 
-demo: $(VENV)/.installed
+# ci_cleanup's bytecode, written ahead (and again for what changed): a job's process then loads it instead of
+# compiling every module as it starts, also where PYTHONDONTWRITEBYTECODE keeps Python from writing it.
+bytecode: $(VENV)/.installed
+	@$(BIN)/python -m compileall -q ci_cleanup
+
+demo: bytecode
 	$(BIN)/ci-cleanup demo $(ARGS)
 
-dev: $(VENV)/.installed
+dev: bytecode
 	$(BIN)/ci-cleanup dev $(ARGS)
 
 # Two workers (pytest-xdist), each with its own embedded stack: most of a test's time is a server or a Dagster
@@ -35,7 +40,7 @@ dev: $(VENV)/.installed
 # data, pgserver's runtime folder, Dagster's sockets) goes in one folder of ours (TMPDIR), removed after; it is
 # 0755 so that PostgreSQL, run as another user when we are root, reaches its data inside.
 TEST_WORKERS ?= 2
-test: $(VENV)/.installed
+test: bytecode
 	$(BIN)/ruff check .
 	tmp=$$(mktemp -d -t ci_cleanup_pytest_XXXXXXXX) && chmod 755 $$tmp && \
 	  TMPDIR=$$tmp $(BIN)/pytest -n $(TEST_WORKERS) --basetemp=$$tmp/basetemp $(ARGS); \

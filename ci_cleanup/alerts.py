@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import urllib.request
 
 WEBHOOK_ENV = "CI_CLEANUP_ALERT_WEBHOOK_URL"
 
@@ -21,6 +20,8 @@ def send_alert(alert: str, text: str, **details) -> None:
     url = os.environ.get(WEBHOOK_ENV)
     if not url:
         return
+    import urllib.request  # only where an alert is sent: a run's process does not import it
+
     body = json.dumps({"text": text, "alert": alert, **details}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:

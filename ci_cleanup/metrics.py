@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import urllib.request
 from collections.abc import Mapping
 
 PUSHGATEWAY_ENV = "CI_CLEANUP_PUSHGATEWAY_URL"
@@ -17,6 +16,8 @@ def push_run_metrics(job_name: str, counters: Mapping[str, int | float]) -> None
     url = os.environ.get(PUSHGATEWAY_ENV)
     if not url or not counters:
         return
+    import urllib.request  # only when a Pushgateway is set: a run's process otherwise does not import it
+
     body = "".join(f"ci_cleanup_{name} {value}\n" for name, value in counters.items()).encode()
     request = urllib.request.Request(
         f"{url.rstrip('/')}/metrics/job/ci_cleanup/dagster_job/{job_name}", data=body, method="PUT",

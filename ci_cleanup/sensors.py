@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 from dagster import (
     DagsterEventType,
     DagsterRunStatus,
@@ -150,6 +149,8 @@ def rows_with_errors_alert(context: RunStatusSensorContext):
 def worker_alive(pid: int, logged_at: float) -> bool:
     """Whether the run worker that logged ``pid`` at ``logged_at`` still runs: after a reboot the pid may
     belong to another process, created after the worker logged it."""
+    import psutil  # the sensor's alone: a run's process does not import it
+
     try:
         process = psutil.Process(pid)
         started = process.create_time()
