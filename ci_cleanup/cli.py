@@ -558,6 +558,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--deployed", action="store_true",
                        help="only the launched jobs direct vs as deployed (PgBouncer, two URLs); replaces that "
                             "section of the output")
+    bench.add_argument("--launched", action="store_true",
+                       help="only the headline: the jobs launched against their floors, idle runs and the bare Dagster "
+                            "job, on the tables as they are; replaces that section of the output")
     default_output = str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     bench.add_argument("--output", default=default_output, help="'' to skip")
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")

@@ -208,3 +208,11 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert "| 1.50 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
     assert "PREPARE" in headline and "statement text each batch" in headline
     assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")
+
+    # bench --launched rewrites that section alone, with how it was measured; the services' section stays.
+    slow_start.idle = [2.0] * 5
+    section = run.launched_section([quick, slow_start], bare, args, None, separate_run="\nA run of its own.\n")
+    again = run.with_launched_section(markdown, section)
+    assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again
+    assert "\nstartup_over_bare_s=0.30\n" in again and "startup_over_bare_s=1.30" not in again
+    assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])

@@ -324,7 +324,8 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
 
 
 def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: list[str], log=print,
-                   contenders: tuple[str, ...] = CONTENDERS) -> list[Launched]:
+                   contenders: tuple[str, ...] = CONTENDERS, deployed: bool = True) -> list[Launched]:
+    """Each job's rounds (:func:`bench_job`); ``deployed``: with the "deployed" contender too, where PgBouncer is."""
     missing = [v for v in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if not env.get(v) and not os.environ.get(v)]
     if missing:
         raise SystemExit(f"The launched-job benchmark needs {' and '.join(missing)} (a folder with this repo's "
@@ -338,7 +339,8 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
     with engine.begin() as conn:  # earlier parts of the bench left these; each job's rounds start from its own copy
         conn.execute(text("TRUNCATE " + ", ".join(SIDE_TABLES)))
     results = []
-    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, _bouncer(env, Path(logs), log) as deployed:
+    bouncer = _bouncer if deployed else (lambda *_: contextlib.nullcontext())
+    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, bouncer(env, Path(logs), log) as deployed:
         for job in jobs:
             log(f"{job}: {candidates:,} candidates, {rounds} rounds of {' / '.join(contenders)}"
                 f"{' / deployed' if deployed else ''}")

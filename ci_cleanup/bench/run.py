@@ -243,26 +243,16 @@ def _load(values: tuple[float, float, float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
 
 
-def write_markdown(path: Path, services: str, results: list[launched.Launched], *, args, server: str, load: dict,
-                   daemon_s: float | None, bare: list[float]) -> None:
+LAUNCHED_HEADING = "## The jobs as the daemon runs them, against their floor"
+
+
+def launched_section(results: list[launched.Launched], bare: list[float], args, daemon_s: float | None,
+                     separate_run: str = "") -> str:
+    """BENCHMARKS.md's headline section, ending with its figure lines. ``separate_run``: how it was measured when
+    not in the services' run (``ci-cleanup bench --launched``)."""
     daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
-    now = dt.datetime.now(dt.UTC)
-    headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
-    small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so"
-             "\n  ratios to the floor say little about the targets.") if not headline else ""
-    path.write_text(f"""# Benchmarks
-
-Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
-
-- Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
-- Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
-  2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
-- Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
-  artifacts over partitions 100, 101, 102); runner machines, export jobs and environments a tenth of that
-  (GitLab.com's mix, `ci_cleanup/bench/seed.py`), on GitLab's real DDL and its indexes only.
-
-## The jobs as the daemon runs them, against their floor
-
+    return f"""{LAUNCHED_HEADING}
+{separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds; in each round the
 job, its floor and its service each start from the same reset state (the candidates restored from a template with
 triggers off), in an order that alternates between rounds; every run must leave the tables exactly as the first
@@ -292,7 +282,27 @@ one did (digest of the changed tables, asserted).
 {launched_table(results, bare)}
 
 {launched_figures(results, bare)}
-{deployed_section(results)}
+"""
+
+
+def write_markdown(path: Path, services: str, results: list[launched.Launched], *, args, server: str, load: dict,
+                   daemon_s: float | None, bare: list[float]) -> None:
+    now = dt.datetime.now(dt.UTC)
+    headline = args.big_rows >= 10_000_000 and args.candidates >= 100_000
+    small = ("\n- Smaller than the headline's 100 k candidates in 10 M rows: the jobs' times are mostly start-up, so"
+             "\n  ratios to the floor say little about the targets.") if not headline else ""
+    path.write_text(f"""# Benchmarks
+
+Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
+
+- Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
+- Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
+  2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
+- Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
+  artifacts over partitions 100, 101, 102); runner machines, export jobs and environments a tenth of that
+  (GitLab.com's mix, `ci_cleanup/bench/seed.py`), on GitLab's real DDL and its indexes only.
+
+{launched_section(results, bare, args, daemon_s)}{deployed_section(results)}
 ## The services: throughput, batch latency, memory
 
 {args.work:,} candidates per service and per way of doing it ({max(1000, args.work // 10):,} for the per-row loop);
@@ -341,6 +351,41 @@ load average {_load(load['before'])} before, {_load(load['after'])} after.
         print(f"\nWritten to {args.output}")
 
 
+def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
+    """``--launched``: the headline (each job launched, against its floor and its service, with its idle runs, the
+    bare Dagster job and the daemon's scheduled run) on the tables as they are, grown to ``big_rows``; its section
+    of ``args.output`` replaced by this run's, the others kept."""
+    engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
+    create_schema(engine)
+    load = {"before": os.getloadavg()}
+    print(f"Tables at {args.big_rows:,} rows")
+    grow(engine, args.big_rows, print)
+    engine.dispose()
+    results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs, deployed=False)
+    daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
+    bare = launched.bare_idle_seconds(env)
+    load["after"] = os.getloadavg()
+    now = dt.datetime.now(dt.UTC)
+    section = launched_section(results, bare, args, daemon_s, separate_run=f"""
+Written by `ci-cleanup bench --launched` on {now:%Y-%m-%d %H:%M} UTC, a run of its own (the services' section below
+is from the run the heading names): {machine()}; load average {_load(load['before'])} before,
+{_load(load['after'])} after.
+""")
+    print(section)
+    if args.output:
+        path = Path(args.output)
+        path.write_text(with_launched_section(path.read_text(), section))
+        print(f"\nWritten to {args.output}")
+
+
+def with_launched_section(markdown: str, section: str) -> str:
+    """BENCHMARKS.md with its headline section (up to its last figure line) replaced by ``section``."""
+    before, found, after = markdown.partition(LAUNCHED_HEADING)
+    if not found:
+        raise SystemExit(f"{LAUNCHED_HEADING!r} not found: run the whole benchmark first")
+    return before + section + after.split("\nstartup_over_bare_s=", 1)[1].split("\n", 1)[1]
+
+
 def with_deployed_section(markdown: str, section: str) -> str:
     """BENCHMARKS.md with its "GitLab as deployed" section (up to its figure line) replaced by ``section``, or
     ``section`` put before the services' section when it has none."""
@@ -358,6 +403,9 @@ def main(env: dict[str, str], args) -> None:
     jobs = args.jobs.split(",") if args.jobs else [job.name for job in JOBS]
     if args.deployed:
         deployed_only(env, args, jobs)
+        return
+    if args.launched:
+        launched_only(env, args, jobs)
         return
     load = {"before": os.getloadavg()}
     figures = bench(env, small_rows=args.small_rows, big_rows=args.big_rows, work=args.work,
