@@ -53,13 +53,18 @@ class EmbeddedStack:
         self.already_running = False
 
     def start(self) -> EmbeddedStack:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            # pgserver keeps its lock file in the user's runtime folder, which it asks platformdirs for at import:
+            # without a login session (no XDG_RUNTIME_DIR) that is /tmp/runtime-<uid>, left behind for good.
+            # The stack's own folder instead, where every process using this stack finds the same lock.
+            run_dir = self.data_dir / "run"
+            run_dir.mkdir(mode=0o700, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
         with warnings.catch_warnings():
-            # pgserver asks platformdirs for a runtime folder at import; without a login session there is
-            # no XDG_RUNTIME_DIR and platformdirs warns on every command (it falls back to /tmp, as we want).
-            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")  # a folder platformdirs finds unsafe
             import pgserver
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         # pgserver shares a running server and stops it only when its last user (process) is done.
         self._pg = pgserver.get_server(self.data_dir / "postgres", cleanup_mode="stop")
         self.socket_dir = self._pg.get_postmaster_info().socket_dir
