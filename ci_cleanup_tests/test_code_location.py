@@ -139,7 +139,11 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     configured_redis = redis.Redis.from_url(configured["CI_CLEANUP_REDIS_URL"])
     configured_redis.flushdb()
 
-    first = _demo(data_dir, **configured)
+    # No login session (no XDG_RUNTIME_DIR), as on a fresh server: the demo leaves nothing in the temporary folder.
+    temp = servers_dir / "demo_tmp"
+    temp.mkdir()
+    first = _demo(data_dir, TMPDIR=str(temp), XDG_RUNTIME_DIR="", **configured)
+    assert list(temp.iterdir()) == []
     dry = _demo(data_dir, "--dry-run", **configured)
     again = _demo(data_dir, **configured)  # on the data the first one and the dry run left
 
