@@ -97,9 +97,14 @@ class BatchObserver:
         self.per_batch: list[dict[str, int]] = []
         self.rows: list[Mapping[str, object]] = []
 
+    @property
+    def room(self) -> int:
+        """How many more rows the next observation keeps: a batch makes only these of its rows."""
+        return max(0, MAX_ROWS_OBSERVED - len(self.rows))
+
     def add(self, counts: Mapping[str, int], rows: Sequence[Mapping[str, object]] = ()) -> None:
         self.per_batch.append(dict(counts))
-        self.rows += rows[: max(0, MAX_ROWS_OBSERVED - len(self.rows))]
+        self.rows += rows[: self.room]
         if self.clock() - self.last >= self.every:
             self.flush()
 

@@ -4,6 +4,7 @@ find (schema check, lease, count) -> stop (the batches) -> report (metadata, lea
 """
 
 import datetime as dt
+import itertools
 from dataclasses import dataclass
 
 from dagster import Config, Failure, OpExecutionContext, op
@@ -98,7 +99,8 @@ def stop_environments(
                 "failed": batch.count(service.FAILED),
                 "stop_actions_started": len(batch.stop_actions_started),
             },
-            [{"environment_id": env_id, "outcome": outcome} for outcome, ids in batch.ids.items() for env_id in ids],
+            list(itertools.islice(({"environment_id": env_id, "outcome": outcome}
+                                   for outcome, ids in batch.ids.items() for env_id in ids), observer.room)),
         )
 
     def report_error(environment_id: int, error: BaseException) -> None:
