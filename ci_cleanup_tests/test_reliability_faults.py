@@ -753,7 +753,10 @@ ALLOWED_SQL_FORMATTING = {
     ("devstack.py", "parsed.database"),  # CREATE DATABASE "{…}": the stack's own (gitlab_ci), a constant
     ("cli.py", "name"),  # DROP / CREATE DATABASE "{…}": the demo's own, constants DEMO_DATABASE, DEMO_CI_DATABASE
     ("gitlab/schema.py", "qualified"),  # lock-writes triggers: our tables' names, as pg_class has them
-    ("bench/run.py", "seed.PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of seed.INSERTS
+    ("bench/seed.py", "PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of INSERTS
+    # DROP INDEX / ALTER INDEX … ATTACH PARTITION: index names as PostgreSQL's catalog writes them (regclass text)
+    ("bench/seed.py", "index.name"),
+    ("bench/seed.py", "index.attached_to"),
     ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
     ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
     ("gitlab/schema.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
