@@ -28,6 +28,9 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 if not os.path.exists(CHROMIUM):
     pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it", allow_module_level=True)
 
+# Its module fixture is the costly part: on one xdist worker (``--dist loadgroup``), it is set up once.
+pytestmark = pytest.mark.xdist_group("web_ui")
+
 
 @pytest.fixture(scope="module")
 def dev_ui(servers_dir):
