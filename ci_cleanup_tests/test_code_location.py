@@ -1,17 +1,13 @@
 """The public contract (job and schedule names, crons in UTC) and the ways a user starts things: the dagster CLI,
-ci-cleanup demo and dev."""
+ci-cleanup demo (ci-cleanup dev: test_web_ui, on the stack its UI tests use)."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 import redis
 from dagster import DagsterInstance
@@ -21,7 +17,7 @@ from ci_cleanup import defs
 from ci_cleanup.batches import BATCHES
 from ci_cleanup.demo import seed
 
-from .harness import clean_env, free_port, servers_of, wait_for_ui
+from .harness import clean_env, servers_of
 
 BIN = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -194,38 +190,6 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     engine.dispose()
     assert configured_redis.dbsize() == 0
     configured_redis.close()
-
-
-def test_dev_serves_the_ui_with_the_schedules_on_localhost_and_ctrl_c_stops_everything(servers_dir):
-    data_dir, port = servers_dir / "dev", free_port()
-    process = subprocess.Popen(
-        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
-        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    try:
-        wait_for_ui(f"http://127.0.0.1:{port}", process)
-        query = (
-            '{ schedulesOrError(repositorySelector: {repositoryName: "__repository__", '
-            'repositoryLocationName: "ci_cleanup"}) '
-            "{ ... on Schedules { results { name cronSchedule executionTimezone } } } }"
-        )
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        listed = json.load(urllib.request.urlopen(request, timeout=30))["data"]["schedulesOrError"]["results"]
-        shown = {s["name"]: (s["cronSchedule"], s["executionTimezone"]) for s in listed if s["name"] in SCHEDULES}
-        assert shown == {name: (cron, "UTC") for name, (_, cron) in SCHEDULES.items()}
-        listening = {
-            c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port
-        }
-        assert listening == {"127.0.0.1"}
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, as in a terminal
-        output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output[-3000:]
-    assert servers_of(data_dir) == []
 
 
 def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_path):
