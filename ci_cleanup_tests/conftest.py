@@ -29,6 +29,16 @@ from .redis_servers import (  # noqa: F401  (fixtures: the Sentinel set and the 
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(items):
+    """With ``--dist loadgroup`` (Makefile), a module's tests on a Sentinel set or a Redis Cluster run on one worker:
+    the module-scoped topologies start once, not on both workers."""
+    for item in items:
+        shape = getattr(item, "callspec", None) and item.callspec.params.get("redis_shape")
+        if shape in ("sentinel", "cluster"):
+            item.add_marker(pytest.mark.xdist_group(f"redis_topologies:{item.module.__name__}"))
+
+
 @pytest.fixture(scope="session")
 def servers_dir():
     """Where this session's embedded servers keep their data: not under pytest's ``/tmp/pytest-of-<user>``.
