@@ -55,6 +55,10 @@ BIN = Path(sys.executable).parent
 # --- the stack of these tests, and stopping / starting its servers ------------------------------------
 
 
+# On one xdist worker (``--dist loadgroup``): the stack below, whose servers these tests stop and start, starts once.
+pytestmark = pytest.mark.xdist_group("faults")
+
+
 @pytest.fixture(scope="module")
 def faults(servers_dir):
     with gitlab_stack(servers_dir / "faults") as stack:
