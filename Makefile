@@ -39,11 +39,12 @@ dev: bytecode
 # process starting, so two of them fill 2 cores. Every temporary file of the run (pytest's folders, the servers'
 # data, pgserver's runtime folder, Dagster's sockets) goes in one folder of ours (TMPDIR), removed after; it is
 # 0755 so that PostgreSQL, run as another user when we are root, reaches its data inside.
+# --dist loadgroup: the tests of a module marked xdist_group run on one worker, which starts its module's servers once.
 TEST_WORKERS ?= 2
 test: bytecode
 	$(BIN)/ruff check .
 	tmp=$$(mktemp -d -t ci_cleanup_pytest_XXXXXXXX) && chmod 755 $$tmp && \
-	  TMPDIR=$$tmp $(BIN)/pytest -n $(TEST_WORKERS) --basetemp=$$tmp/basetemp $(ARGS); \
+	  TMPDIR=$$tmp $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --basetemp=$$tmp/basetemp $(ARGS); \
 	  status=$$?; rm -rf $$tmp; exit $$status
 
 # The virtualenv and build leftovers; the dev stack's data (.ci_cleanup_dev/) is kept.

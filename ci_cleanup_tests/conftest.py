@@ -28,6 +28,32 @@ from .redis_servers import (  # noqa: F401  (fixtures: the Sentinel set and the 
     sentinel_set,
 )
 
+try:  # pytest 9; on pytest 8 pytest-xdist names the groups itself
+    from _pytest.nodeid import coerce_node_id
+except ImportError:
+    coerce_node_id = None
+
+
+@pytest.hookimpl(tryfirst=True)  # the marks added before pytest-xdist reads them (pytest 8)
+def pytest_collection_modifyitems(config, items):
+    """With ``--dist loadgroup`` (Makefile), the tests of an ``xdist_group`` run on one worker, which sets up their
+    module's fixtures once: here a module's tests on a Sentinel set or a Redis Cluster are one group too.
+
+    pytest-xdist (3.8) names a grouped test ``<node id>@<group>`` for its scheduler through ``item._nodeid``, which
+    pytest 9 no longer reads (a node's id is ``item._id``), so every group was split over the workers: named here."""
+    for item in items:
+        shape = getattr(item, "callspec", None) and item.callspec.params.get("redis_shape")
+        if shape in ("sentinel", "cluster"):
+            item.add_marker(pytest.mark.xdist_group(f"redis_topologies:{item.module.__name__}"))
+    if not getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(groups)
+        if groups and coerce_node_id and not item.nodeid.endswith(suffix):
+            item._id = coerce_node_id(item.nodeid + suffix)
+
 
 @pytest.fixture(scope="session")
 def servers_dir():

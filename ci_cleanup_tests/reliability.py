@@ -747,6 +747,11 @@ SCENARIOS = {
 
 # --------------------------------------------------------------------------- runs in other processes
 
+# Dagster's console logger prints every event of a run (hundreds per run, thousands per series) to an output no one
+# reads: these scenarios assert on rows, keys and the metadata in the run's events, so the runs log only errors.
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
 def plain(metadata: dict) -> dict:
     """Metadata values that survive a pipe and JSON: numbers, strings, lists of them."""
     return {k: v for k, v in metadata.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
@@ -838,7 +843,7 @@ def start_cli(scenario: Scenario, stack, home: Path, run_config: dict) -> CliRun
     home.mkdir(parents=True)
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     config = home / "run_config.yaml"
-    config.write_text(json.dumps(run_config))  # JSON is YAML
+    config.write_text(json.dumps({**run_config, **QUIET_CONSOLE}))  # JSON is YAML
     log = home / "run.log"
     ci_url = stack.ci_url()  # GitLab as deployed: ci too (the runs reach both through PgBouncer)
     with log.open("w") as out:
@@ -970,7 +975,7 @@ def execute(scenario: Scenario, urls: Urls, run_config: dict, *, raise_on_error:
     """A run on ``urls``, its Redis stores read from the variables (:func:`use_redis_stores`)."""
     main, ci = urls
     return scenario.job.execute_in_process(
-        run_config=run_config,
+        run_config={**run_config, **QUIET_CONSOLE},
         resources=job_resources(main, None, ci_database_url=ci),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
@@ -1027,7 +1032,9 @@ def _trials(scenario: Scenario, urls: Urls, engine, leases, client, settings: Cr
                            args=(scenario, urls, config, lease_ttl, send, engines(engine)), daemon=True)
         run.start()
         send.close()
-        run.join(rng.uniform(0, settings.kill_within))
+        # Stratified: trial i's kill lands at a random point of the i-th of ``trials`` equal slices of the window, so
+        # even a few trials reach its every part (start-up, first batches, the end of the run).
+        run.join((trial + rng.random()) * settings.kill_within / settings.trials)
         if run.is_alive():
             run.kill()  # SIGKILL
             run.join(10)

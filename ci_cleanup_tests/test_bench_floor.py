@@ -139,6 +139,9 @@ def test_digest_sees_one_changed_value(bench_db, redis_client):
 
 def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
     """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
+    # Two idle and two bare launches, not the bench's five: each is a Dagster process of a few CPU-seconds, and
+    # the count the figures take their median of is the bench's setting, not what this test checks.
+    monkeypatch.setattr(launched, "IDLE_RUNS", 2)
     url, engine = bench_db
     shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     env = {"CI_CLEANUP_DATABASE_URL": url, "CI_CLEANUP_REDIS_URL": stack.redis_url,

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 import redis
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from ci_cleanup.cli import dagster_pg_url
+from ci_cleanup.cli import dagster_pg_url, main
 from ci_cleanup.demo import seed
 from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 
@@ -28,6 +31,34 @@ def cli(*args: str, data_dir: Path, timeout: int = 300, **env: str) -> subproces
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), *args],
         env=clean_env(**env), capture_output=True, text=True, timeout=timeout,
     )
+
+
+@pytest.fixture
+def cli_here(monkeypatch, capsys):
+    """``cli`` in this process (``ci_cleanup.cli.main``, the ``ci-cleanup`` entry point), for the answers that start
+    no server: the same arguments, the same variables alone, its exit code and output. A ``ci-cleanup`` process is a
+    few CPU-seconds; each command still runs as a process elsewhere in this module."""
+
+    def run(*args: str, data_dir: Path, **env: str) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as patched:
+            for name in [k for k in os.environ if k.startswith(("CI_CLEANUP_", "DAGSTER_"))]:
+                patched.delenv(name)
+            for name, value in env.items():
+                patched.setenv(name, value)
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # main sets its own
+            capsys.readouterr()
+            try:
+                main(["--data-dir", str(data_dir), *args])
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+            out = capsys.readouterr()
+        return subprocess.CompletedProcess(["ci-cleanup", *args], code, out.out, out.err)
+
+    return run
 
 
 def tables_of(url: str) -> list[str]:
@@ -88,8 +119,8 @@ def test_schema_create_of_gitlabs_flat_layout_then_the_demo_seed_on_it(servers_d
     engine.dispose()
 
 
-def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(servers_dir, stack):
-    done = cli("schema", "create", data_dir=servers_dir / "schema_redis", CI_CLEANUP_REDIS_URL=stack.redis_url)
+def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(servers_dir, stack, cli_here):
+    done = cli_here("schema", "create", data_dir=servers_dir / "schema_redis", CI_CLEANUP_REDIS_URL=stack.redis_url)
 
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
@@ -100,15 +131,17 @@ def test_schema_create_with_only_the_redis_url_refuses_naming_the_database_url(s
     assert not (servers_dir / "schema_redis").exists()
 
 
-def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(servers_dir, scratch_database, stack):
+def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(
+    servers_dir, scratch_database, stack, cli_here
+):
     env = dict(CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=f"{stack.redis_url}?db=5")
     name = make_url(scratch_database).database
     where = unquote(make_url(scratch_database).render_as_string(hide_password=True))  # socket folder as a path
     queues = redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
     queues.flushdb()
 
-    unnamed = cli("seed", data_dir=servers_dir / "seed", **env)
-    misnamed = cli("seed", "--into", "gitlabhq_production", data_dir=servers_dir / "seed", **env)
+    unnamed = cli_here("seed", data_dir=servers_dir / "seed", **env)
+    misnamed = cli_here("seed", "--into", "gitlabhq_production", data_dir=servers_dir / "seed", **env)
     bench = cli("bench", data_dir=servers_dir / "seed", **env)  # it seeds millions of rows
 
     assert bench.returncode == 1 and bench.stderr.splitlines()[1] == (
@@ -131,7 +164,7 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(se
     assert (count(scratch_database, "p_ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
     assert queues.dbsize() == 15  # the exports Sidekiq still has
 
-    again = cli("seed", "--into", name, data_dir=servers_dir / "seed", **env)
+    again = cli_here("seed", "--into", name, data_dir=servers_dir / "seed", **env)
 
     assert again.returncode == 1
     assert again.stderr.splitlines()[0] == (
@@ -144,7 +177,7 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(se
     queues.close()
 
 
-def test_seed_and_schema_create_refuse_a_database_with_projects(servers_dir, scratch_database, stack):
+def test_seed_and_schema_create_refuse_a_database_with_projects(servers_dir, scratch_database, stack, cli_here):
     engine = create_engine(scratch_database)
     with engine.begin() as conn:  # GitLab's projects table, as far as this check cares
         conn.execute(text("CREATE TABLE projects (id bigint PRIMARY KEY)"))
@@ -154,7 +187,7 @@ def test_seed_and_schema_create_refuse_a_database_with_projects(servers_dir, scr
 
     seeded = cli("seed", "--into", name, data_dir=servers_dir / "projects",
                  CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
-    created = cli("schema", "create", data_dir=servers_dir / "projects", CI_CLEANUP_DATABASE_URL=scratch_database)
+    created = cli_here("schema", "create", data_dir=servers_dir / "projects", CI_CLEANUP_DATABASE_URL=scratch_database)
 
     for refused in (seeded, created):
         assert refused.returncode == 1

@@ -33,6 +33,9 @@ NOW = utc_now()
 CUTOFF = NOW - drop_canceling.TIMEOUT
 DEADLINE = stale_machines.stale_deadline(NOW)
 
+# Its module fixture is the costly part: on one xdist worker (``--dist loadgroup``), it is set up once.
+pytestmark = pytest.mark.xdist_group("query_plans")
+
 
 @pytest.fixture(scope="module")
 def seeded(_engine):

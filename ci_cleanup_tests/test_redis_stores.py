@@ -40,6 +40,10 @@ from .harness import clean_env
 from .redis_servers import CLUSTER_PASSWORD, MASTER_NAME, SENTINEL_SET_PASSWORD, SENTINELS_PASSWORD, wait_until
 from .runner import failure_messages, op_metadata
 
+# On one xdist worker (``--dist loadgroup``, Makefile): split over two, each would start its own Sentinel set and
+# cluster, several seconds of CPU each.
+pytestmark = pytest.mark.xdist_group("redis_stores")
+
 SHAPES = ("plain", "sentinel", "cluster")
 PASSWORDS = (SENTINEL_SET_PASSWORD, SENTINELS_PASSWORD, CLUSTER_PASSWORD)
 

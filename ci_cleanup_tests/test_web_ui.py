@@ -1,15 +1,20 @@
-"""The Dagster UI of the dev stack, in a real headless Chromium (Debian's), driven by Playwright."""
+"""`ci-cleanup dev`: what it serves (the schedules, on localhost only), its UI in a real headless Chromium
+(Debian's) driven by Playwright, and Ctrl-C stopping it and every server it started. One dev stack for them all."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from .harness import clean_env, free_port, servers_of, wait_for_ui
@@ -24,14 +29,29 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
-if not os.path.exists(CHROMIUM):
-    pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it", allow_module_level=True)
+try:
+    from playwright import sync_api
+except ImportError:
+    sync_api = None
+
+# Its module fixture is the costly part: on one xdist worker (``--dist loadgroup``), it is set up once.
+pytestmark = pytest.mark.xdist_group("web_ui")
+
+
+@dataclass
+class Dev:
+    data_dir: Path
+    port: int
+    process: subprocess.Popen
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture(scope="module")
-def dev_ui(servers_dir):
-    """`ci-cleanup dev` on a seeded embedded stack; yields the UI's base URL, then stops it as Ctrl-C would."""
+def dev(servers_dir):
+    """`ci-cleanup dev` on a seeded embedded stack, stopped by the last test as Ctrl-C would (here if it is not)."""
     data_dir, port = servers_dir / "ui" / "dev", free_port()
     subprocess.run(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True
@@ -40,16 +60,27 @@ def dev_ui(servers_dir):
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    base = f"http://127.0.0.1:{port}"
-    wait_for_ui(base, process)
-    yield base
-    os.killpg(process.pid, signal.SIGINT)
-    process.communicate(timeout=60)
+    try:
+        wait_for_ui(f"http://127.0.0.1:{port}", process)
+        yield Dev(data_dir, port, process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            process.communicate(timeout=60)
     assert servers_of(data_dir) == []
 
 
 @pytest.fixture
+def dev_ui(dev) -> str:
+    return dev.base
+
+
+@pytest.fixture
 def page(dev_ui):
+    if sync_api is None:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -65,13 +96,39 @@ def open_page(page, url: str) -> None:
     page.goto(url, wait_until="networkidle")
 
 
+def go_within_the_app(page, url: str) -> None:
+    """To ``url`` as the UI's own links go (its router renders the page; no reload of Dagster's scripts, which is
+    most of a page's CPU)."""
+    page.evaluate("url => { history.pushState({}, '', url); dispatchEvent(new PopStateEvent('popstate')); }", url)
+    page.wait_for_load_state("networkidle")
+
+
+def test_dev_serves_the_schedules_on_localhost_only(dev):
+    query = (
+        '{ schedulesOrError(repositorySelector: {repositoryName: "__repository__", '
+        'repositoryLocationName: "ci_cleanup"}) '
+        "{ ... on Schedules { results { name cronSchedule executionTimezone } } } }"
+    )
+    request = urllib.request.Request(
+        f"{dev.base}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"},
+    )
+    listed = json.load(urllib.request.urlopen(request, timeout=30))["data"]["schedulesOrError"]["results"]
+    shown = {s["name"]: (s["cronSchedule"], s["executionTimezone"]) for s in listed if s["name"] in SCHEDULES}
+    assert shown == {name: (cron, "UTC") for name, (_, cron) in SCHEDULES.items()}
+    listening = {
+        c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == dev.port
+    }
+    assert listening == {"127.0.0.1"}
+
+
 def test_the_five_jobs_and_schedules_are_listed_with_their_crons(dev_ui, page):
     open_page(page, dev_ui + "/jobs")
     for _, (job, _) in SCHEDULES.items():
         sync_api.expect(page.get_by_text(job, exact=True).first).to_be_visible()
 
     for name, (_job, cron) in SCHEDULES.items():
-        open_page(page, f"{dev_ui}/locations/ci_cleanup/schedules/{name}")
+        go_within_the_app(page, f"{dev_ui}/locations/ci_cleanup/schedules/{name}")
+        assert page.url == f"{dev_ui}/locations/ci_cleanup/schedules/{name}"
         sync_api.expect(page.get_by_text(f"({cron})", exact=True)).to_be_visible()
         sync_api.expect(page.get_by_text("UTC", exact=True)).to_be_visible()
 
@@ -95,3 +152,11 @@ def test_launchpad_dry_run_of_drop_canceling_builds_succeeds_with_its_metadata(d
 
     page.get_by_role("button", name="View tags and config").click()
     sync_api.expect(page.get_by_text("ci_cleanup/dry_run").first).to_be_visible()
+
+
+def test_ctrl_c_stops_dev_and_every_server_it_started(dev):
+    """Last in this module: the dev stack the tests above used ends here."""
+    os.killpg(dev.process.pid, signal.SIGINT)  # Ctrl-C, as in a terminal
+    output, _ = dev.process.communicate(timeout=60)
+    assert dev.process.returncode == 0, output[-3000:]
+    assert servers_of(dev.data_dir) == []
