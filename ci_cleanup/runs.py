@@ -5,9 +5,10 @@ The run's shape (lease, dry run, status, job and schedule) is :mod:`ci_cleanup.b
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from dagster import (
     AssetKey,
@@ -97,14 +98,10 @@ class BatchObserver:
         self.per_batch: list[dict[str, int]] = []
         self.rows: list[Mapping[str, object]] = []
 
-    @property
-    def room(self) -> int:
-        """How many more rows the next observation keeps: a batch makes only these of its rows."""
-        return max(0, MAX_ROWS_OBSERVED - len(self.rows))
-
-    def add(self, counts: Mapping[str, int], rows: Sequence[Mapping[str, object]] = ()) -> None:
+    def add(self, counts: Mapping[str, int], rows: Iterable[Mapping[str, object]] = ()) -> None:
+        """A batch's counts and its log rows; ``rows`` may be lazy: only those the observation keeps are made."""
         self.per_batch.append(dict(counts))
-        self.rows += rows[: self.room]
+        self.rows += itertools.islice(rows, max(0, MAX_ROWS_OBSERVED - len(self.rows)))
         if self.clock() - self.last >= self.every:
             self.flush()
 

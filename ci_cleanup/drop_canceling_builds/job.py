@@ -79,8 +79,8 @@ def drop_outdated_builds(
         observer.add(
             {"dropped": len(batch.dropped), "doomed": len(batch.doomed),
              "changed_concurrently": len(batch.changed_concurrently)},
-            [{"build_id": row.id, "runner_id": row.runner_id, "status": row.status,
-              "failure_reason": "stuck_or_timeout_failure"} for row in batch.dropped[: observer.room]],
+            ({"build_id": row.id, "runner_id": row.runner_id, "status": row.status,
+              "failure_reason": "stuck_or_timeout_failure"} for row in batch.dropped),
         )
 
     def report_error(build_id: int, error: BaseException) -> None:

@@ -4,7 +4,6 @@ find (schema check, lease, count) -> stop (the batches) -> report (metadata, lea
 """
 
 import datetime as dt
-import itertools
 from dataclasses import dataclass
 
 from dagster import Config, Failure, OpExecutionContext, op
@@ -99,8 +98,7 @@ def stop_environments(
                 "failed": batch.count(service.FAILED),
                 "stop_actions_started": len(batch.stop_actions_started),
             },
-            list(itertools.islice(({"environment_id": env_id, "outcome": outcome}
-                                   for outcome, ids in batch.ids.items() for env_id in ids), observer.room)),
+            ({"environment_id": env_id, "outcome": outcome} for outcome, ids in batch.ids.items() for env_id in ids),
         )
 
     def report_error(environment_id: int, error: BaseException) -> None:

@@ -172,7 +172,7 @@ def run_bucket_workers(
             observer.add(
                 {"destroyed_job_artifacts_count": len(item.ids), "size": item.size,
                  "deleted_objects": item.deleted_objects},
-                [{"mod_bucket": bucket, "artifact_id": i} for i in item.ids[: observer.room]],
+                ({"mod_bucket": bucket, "artifact_id": i} for i in item.ids),
             )
         else:
             ended[bucket] = item

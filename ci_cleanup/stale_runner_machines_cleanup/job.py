@@ -96,7 +96,7 @@ def delete_stale_runner_machines(
     observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
-        observer.add({"deleted": len(deleted_ids)}, [{"runner_machine_id": i} for i in deleted_ids[: observer.room]])
+        observer.add({"deleted": len(deleted_ids)}, ({"runner_machine_id": i} for i in deleted_ids))
 
     with observer:
         return service.delete_stale_runner_managers(
