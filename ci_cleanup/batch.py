@@ -16,7 +16,10 @@ every error they raise, for every job alike.
 
 from __future__ import annotations
 
+import atexit
 import enum
+import functools
+import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -135,11 +138,22 @@ class Lease:
         return _release
 
 
+@functools.cache
+def exit_without_final_collection() -> None:
+    """The process that runs a batch exits without the interpreter's last garbage collections, which take ~0.6 s
+    over the ~200,000 objects Dagster's modules make (measured: ``import dagster`` then exit), to free memory the
+    system frees anyway. ``gc.freeze()`` at exit puts them out of the collector's reach; the other exit handlers
+    (logging's flush, Dagster's) still run after it. Nothing is left to finalize: the resources closed their
+    connections and the run's events are written when its last step ends."""
+    atexit.register(gc.freeze)
+
+
 def start(
     context: OpExecutionContext, run_options: RunOptions, lease: Lease | None = None,
     gitlab_redis: GitLabRedis | None = None,
 ) -> Start:
     """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
+    exit_without_final_collection()
     store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
         context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})

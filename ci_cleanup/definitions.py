@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSpec, Definitions, EnvVar, in_process_executor
+from dagster import AssetSpec, Definitions, EnvVar, in_process_executor, mem_io_manager
 
 from .batches import BATCHES
 from .prune_dagster_history.service import history_asset_key
@@ -32,6 +32,11 @@ def resources() -> dict:
             queues_url=EnvVar("CI_CLEANUP_REDIS_QUEUES_URL") if os.environ.get("CI_CLEANUP_REDIS_QUEUES_URL") else None,
         ),
         "run_options": RunOptions(),
+        # The ops' outputs (a plan, the totals) stay in the run's process, where every op runs: no file written and
+        # read back per output (five events of the run's log). A run is re-executed whole, never from a later step:
+        # Dagster refuses that at the run's start, and rightly, since the step would act under a lease the first op
+        # took for another run.
+        "io_manager": mem_io_manager,
     }
 
 

@@ -148,12 +148,15 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
            "CI_CLEANUP_DAGSTER_PG_URL": stack.url("dagster"), "DAGSTER_HOME": str(tmp_path)}
     for name in ("CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME"):
         monkeypatch.setenv(name, env[name])
+    builds = _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds")
     figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path,
                                  log=lambda message: None)
     assert figures.rows == 50 and figures.batches == 1
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
     assert len(figures.idle) == launched.IDLE_RUNS and figures.idle_s > 0
-    assert _rows(engine, "SELECT count(*) FROM p_ci_builds WHERE status = 'canceling'") == [(0,)]
+    # The idle runs met the builds as they were before the candidates: nothing to do.
+    assert _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds") == builds
+    assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
     assert len(launched.bare_idle_seconds(env, log=lambda message: None)) == launched.IDLE_RUNS
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 

@@ -213,3 +213,49 @@ def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_p
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
     assert redis_client.keys("gitlab:exclusive_lease:*") == []
+
+
+def test_a_run_is_re_executed_whole_never_from_a_later_step(stack, engine, redis_client, tmp_path, monkeypatch):
+    """The outputs stay in the run's process: re-executing from the act step, which would act without the lease
+    the first op took, is refused before any step runs; the whole run re-executes and does its work."""
+    from dagster import ReexecutionOptions, execute_job
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    for name, value in {"CI_CLEANUP_DATABASE_URL": stack.url(), "CI_CLEANUP_REDIS_URL": stack.redis_url}.items():
+        monkeypatch.setenv(name, value)
+    job = ReconstructableRepository.for_module("ci_cleanup", "defs", str(REPO_ROOT)).get_reconstructable_job(
+        "drop_canceling_builds")
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        parent = execute_job(job, instance)
+        assert parent.success
+        seed(engine, redis_client)
+        with engine.connect() as conn:
+            before = conn.scalar(text(WORK["drop_canceling_builds"]))
+        later = ReexecutionOptions(parent.run_id, step_selection=["drop_outdated_builds"])
+        refused = execute_job(job, instance, reexecution_options=later, raise_on_error=False)
+        assert not refused.success
+        assert "Cannot perform reexecution with in-memory io managers" in str(refused.get_run_failure_event())
+        assert [e.step_key for e in refused.all_events if e.event_type_value == "STEP_START"] == []
+        with engine.connect() as conn:
+            assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
+        whole = execute_job(job, instance, reexecution_options=ReexecutionOptions(parent.run_id))
+        assert whole.success
+        with engine.connect() as conn:
+            assert conn.scalar(text(WORK["drop_canceling_builds"])) != before
+
+
+def test_a_launched_run_exits_without_the_interpreters_last_garbage_collections(stack, tmp_path):
+    """``gc.freeze()`` at exit (batch.exit_without_final_collection): ~0.6 s less per run process, every run's
+    events written before. An exit handler registered before Dagster starts runs after every other one."""
+    probe = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"
+             "from dagster._cli import main\n"
+             "sys.argv = ['dagster', 'job', 'execute', '-m', 'ci_cleanup', '-j', 'stale_runner_machines_cleanup']\n"
+             "main()\n")
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env=clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RUN_SUCCESS" in done.stderr
+    assert done.stdout.strip().endswith("frozen at exit: True")
