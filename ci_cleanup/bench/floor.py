@@ -142,14 +142,15 @@ def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
         after, batches = page_ids[-1], batches + 1
 
 
-# -- environments_auto_stop: page by (auto_stop_at, id); stopping with stop actions (the manual ones played and
-# queued with their partition_id), stopped when always, left otherwise; each UPDATE re-checks auto-stoppable.
+# -- environments_auto_stop: page by (auto_stop_at, id), the batch locked as the job's pick locks it; stopping
+# with stop actions (the manual ones played and queued with their partition_id), stopped when always, left
+# otherwise; each UPDATE re-checks auto-stoppable.
 
 ENVS = """WITH batch AS (
   SELECT id, auto_stop_setting, auto_stop_at FROM environments
   WHERE state = 'available' AND auto_stop_at < %(now)s
     AND auto_stop_at >= %(after_at)s AND (auto_stop_at > %(after_at)s OR id > %(after_id)s)
-  ORDER BY auto_stop_at, id LIMIT %(limit)s),
+  ORDER BY auto_stop_at, id LIMIT %(limit)s FOR UPDATE),
 actions AS (
   SELECT batch.id AS environment_id, stop_action.id
   FROM batch

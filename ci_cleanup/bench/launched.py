@@ -203,11 +203,13 @@ def snapshot(cur, job: str, before: dict[str, int]) -> None:
 
 
 def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> None:
-    """The state the snapshot saw: candidates deleted and copied back, triggers off (ids, side tables as they were).
+    """The state the snapshot saw: candidates deleted and copied back, triggers off (ids, side tables as they were),
+    vacuumed: each run starts without the dead rows of the one before, and autovacuum, with nothing left to do,
+    does not start in the middle of it.
 
-    Without ``candidates``: the tables as they were before them, vacuumed as autovacuum has them between two
-    scheduled runs, for the idle runs. The rounds leave behind the candidates the job spares (running exports,
-    builds still queued) and dead rows; an idle run paging through those would be doing work, not starting up.
+    Without ``candidates``: the tables as they were before them, for the idle runs. The rounds leave behind the
+    candidates the job spares (running exports, builds still queued); an idle run paging through those would be
+    doing work, not starting up.
     """
     cur.execute("BEGIN")
     cur.execute("SET LOCAL session_replication_role = replica")
@@ -218,8 +220,7 @@ def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> 
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
-    scoped = sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))
-    cur.execute(sql.SQL("ANALYZE {}" if candidates else "VACUUM ANALYZE {}").format(scoped))
+    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))))
 
 
 def _columns(cur, table: str) -> list[tuple[str, str]]:

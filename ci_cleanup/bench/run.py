@@ -255,8 +255,9 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 {separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds; in each round the
 job, its floor and its service each start from the same reset state (the candidates restored from a template with
-triggers off), in an order that alternates between rounds; every run must leave the tables exactly as the first
-one did (digest of the changed tables, asserted).
+triggers off, then VACUUM ANALYZE: no dead rows of the run before, no autovacuum starting mid-run), in an order that
+alternates between rounds; every run must leave the tables exactly as the first one did (digest of the changed
+tables, asserted).
 
 - "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
