@@ -139,7 +139,7 @@ def test_digest_sees_one_changed_value(bench_db, redis_client):
 
 def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
     """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
-    # Two idle and two bare launches, not the bench's five: each is a Dagster process of a few CPU-seconds, and
+    # Two idle and two bare launches, not the bench's seven: each is a Dagster process of a few CPU-seconds, and
     # the count the figures take their median of is the bench's setting, not what this test checks.
     monkeypatch.setattr(launched, "IDLE_RUNS", 2)
     url, engine = bench_db
@@ -153,11 +153,10 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
                                  log=lambda message: None)
     assert figures.rows == 50 and figures.batches == 1
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
-    assert len(figures.idle) == launched.IDLE_RUNS and figures.idle_s > 0
+    assert len(figures.idle) == len(figures.bare) == launched.IDLE_RUNS and figures.idle_s > 0
     # The idle runs met the builds as they were before the candidates: nothing to do.
     assert _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds") == builds
     assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
-    assert len(launched.bare_idle_seconds(env, log=lambda message: None)) == launched.IDLE_RUNS
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     from ci_cleanup.bench.bare_job import NAME
@@ -197,12 +196,14 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     quick = launched.Launched("stuck_export_jobs", 100, rows=100, batches=1)
     quick.seconds.update(job=[10.0, 12.0, 11.0], floor=[6.0, 6.0, 7.0], service=[8.0, 8.0, 8.0],
                          run_record=[9.0, 9.0, 9.0])
-    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]  # work 11 − 2 = 9 s against a 6 s floor: 1.50; idle − bare 0.30
+    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]  # work 11 − 2 = 9 s against a 6 s floor: 1.50
+    quick.bare = [0.8, 1.7, 1.6, 2.6, 1.9]  # idle − bare, pair by pair: 0.2 0.3 0.4 0.4 0.1 -> 0.30
     slow_start = launched.Launched("drop_canceling_builds", 100, rows=100, batches=1)
     slow_start.seconds.update(job=[20.0, 20.0, 21.0], floor=[17.0, 17.0, 16.0], service=[18.0, 18.0, 18.0],
                               run_record=[18.0, 18.0, 18.0])
-    slow_start.idle = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00; idle − bare 1.30
-    bare = [1.5, 1.6, 1.7, 1.8, 1.9]
+    slow_start.idle = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00
+    slow_start.bare = [1.5, 1.6, 1.7, 1.8, 1.9]  # idle − bare: 1.5 1.4 1.3 1.1 1.2 -> 1.30
+    bare = quick.bare + slow_start.bare
     args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
                      repeats=3, memory_candidates=1_000_000)
     path = tmp_path / "BENCHMARKS.md"
@@ -216,7 +217,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")
 
     # bench --launched rewrites that section alone, with how it was measured; the services' section stays.
-    slow_start.idle = [2.0] * 5
+    slow_start.idle = [1.9] * 5  # idle − bare: 0.4 0.3 0.2 0.1 0.0 -> 0.20
     section = run.launched_section([quick, slow_start], bare, args, None, separate_run="\nA run of its own.\n")
     again = run.with_launched_section(markdown, section)
     assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again

@@ -48,7 +48,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from ..devstack import REPO_ROOT, PgBouncer
 from ..gitlab import sidekiq_status
-from . import seed
+from . import bare_job, seed
 from .floor import ENVS_MAX_LOOPS, FLOORS, STALE_MAX_DELETIONS, connect
 from .jobs import BY_NAME, _enable_bulk_delete
 
@@ -76,7 +76,7 @@ RUN_CONFIG = {  # YAML, written as JSON
 CONTENDERS = ("job", "floor", "service")
 DEPLOYED = "deployed"
 DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
-IDLE_RUNS = 5  # launches with nothing to do, per job and of the bare job (the median is the figure)
+IDLE_RUNS = 7  # launches with nothing to do per job, each beside one of the bare job (medians are the figures)
 
 
 @dataclass
@@ -88,6 +88,7 @@ class Launched:
     seconds: dict[str, list[float]] = field(
         default_factory=lambda: {c: [] for c in (*CONTENDERS, DEPLOYED, "run_record")})
     idle: list[float] = field(default_factory=list)  # `dagster job execute` with nothing to do, whole process
+    bare: list[float] = field(default_factory=list)  # the bare Dagster job, each launched beside an idle run
 
     @property
     def idle_s(self) -> float:
@@ -112,10 +113,12 @@ class Launched:
         """The job with its idle run (start-up, run start and end) taken off, against the floor."""
         return (self.median("job") - self.idle_s) / self.median("floor")
 
-    def idle_over_bare(self, bare: list[float]) -> float:
-        """The job's idle run over a bare Dagster job's (medians, whole process): what its own start-up (imports,
-        resources, run start and end) adds to Dagster's."""
-        return self.idle_s - statistics.median(bare)
+    @property
+    def idle_over_bare(self) -> float:
+        """The job's idle run over the bare Dagster job's launched beside it (median of the pairs, whole process):
+        what its own start-up (imports, resources, run start and end) adds to Dagster's. Pairs, so that a busier
+        moment of the machine weighs on both sides alike."""
+        return statistics.median(idle - bare for idle, bare in zip(self.idle, self.bare))
 
     @property
     def dagster_ms_per_batch(self) -> float:
@@ -330,8 +333,14 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
         if "floor" in contenders:
             reset(cur, job, before, candidates=False)
-            figures.idle = [launch(env, job, log_dir)[2] for _ in range(IDLE_RUNS)]
-            log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s")
+            for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
+                for idle in (True, False) if i % 2 == 0 else (False, True):
+                    if idle:
+                        figures.idle.append(launch(env, job, log_dir)[2])
+                    else:
+                        figures.bare.append(launch(env, bare_job.NAME, log_dir, ("-f", bare_job.__file__))[2])
+            log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s; "
+                f"bare beside them: {', '.join(f'{s:.2f}' for s in figures.bare)} s")
     finally:
         floor_conn.close()
         admin.close()
@@ -426,13 +435,3 @@ def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
     finally:
         daemon.terminate()
         daemon.communicate(timeout=60)
-
-
-def bare_idle_seconds(env: dict[str, str], log=print) -> list[float]:
-    """:mod:`~ci_cleanup.bench.bare_job` launched as the jobs are, whole process: Dagster's own cost per run."""
-    from . import bare_job
-
-    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs:
-        seconds = [launch(env, bare_job.NAME, Path(logs), ("-f", bare_job.__file__))[2] for _ in range(IDLE_RUNS)]
-    log(f"  a bare Dagster job, launched the same way: {', '.join(f'{s:.2f}' for s in seconds)} s")
-    return seconds

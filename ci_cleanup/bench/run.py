@@ -186,7 +186,7 @@ def launched_table(results: list[launched.Launched], bare: list[float]) -> str:
             f"| {f.median('run_record'):.2f} "
             f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
             f"| {f.work_vs_floor:.2f} | {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
-            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} | {f.idle_over_bare(bare):.2f} |"
+            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} | {f.idle_over_bare:.2f} |"
         )
     return "\n".join(lines)
 
@@ -196,7 +196,7 @@ def launched_figures(results: list[launched.Launched], bare: list[float]) -> str
     its floor (the idle run taken off), its idle run over the bare Dagster job's."""
     return (f"cli_idle_s={max(f.idle_s for f in results):.2f}\n"
             f"work_vs_floor_max={max(f.work_vs_floor for f in results):.2f}\n"
-            f"startup_over_bare_s={max(f.idle_over_bare(bare) for f in results):.2f}")
+            f"startup_over_bare_s={max(f.idle_over_bare for f in results):.2f}")
 
 
 def deployed_table(results: list[launched.Launched]) -> str:
@@ -273,9 +273,10 @@ tables, asserted).
   "job − idle run, vs floor" takes its median off the job: the job's work against the floor's, without the
   start-up (target ≤ 1.15).
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
-  Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, {launched.IDLE_RUNS} times: {_spread(bare)} s.
-  "idle − bare" (medians) is what a job's own start-up adds to Dagster's: its imports, resources, run start and
-  end (target ≤ 0.4 s).
+  Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
+  order): {_spread(bare)} s over all jobs. It exits as the jobs' processes do (`gc.freeze()` at exit, no final
+  garbage collection). "idle − bare" (the median of a job's {launched.IDLE_RUNS} pairs) is what a job's own
+  start-up adds to Dagster's: its imports, resources, schema check, lease, run start and end (target ≤ 0.4 s).
 - A scheduled run through dagster-daemon with nothing to do, from the run its tick created to RUN_SUCCESS:
   {daemon} (target ≤ 6 s).
 - The last lines, each the worst job's: `cli_idle_s=` its idle run, `work_vs_floor_max=` its work against its
@@ -365,7 +366,7 @@ def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
     engine.dispose()
     results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs, deployed=False)
     daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
-    bare = launched.bare_idle_seconds(env)
+    bare = [seconds for f in results for seconds in f.bare]
     load["after"] = os.getloadavg()
     now = dt.datetime.now(dt.UTC)
     section = launched_section(results, bare, args, daemon_s, separate_run=f"""
@@ -420,7 +421,7 @@ def main(env: dict[str, str], args) -> None:
     print(services)
     results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs)
     daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
-    bare = launched.bare_idle_seconds(env)
+    bare = [seconds for f in results for seconds in f.bare]
     load["after"] = os.getloadavg()
     print()
     print(launched_table(results, bare))
