@@ -255,7 +255,7 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 {separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds; in each round the
 job, its floor and its service each start from the same reset state (the candidates restored from a template with
-triggers off, then VACUUM ANALYZE: no dead rows of the run before, no autovacuum starting mid-run), in an order that
+triggers off, then vacuumed: no dead rows of the run before, no autovacuum starting mid-run), in an order that
 alternates between rounds; every run must leave the tables exactly as the first one did (digest of the changed
 tables, asserted).
 
