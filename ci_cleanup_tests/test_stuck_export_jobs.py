@@ -69,8 +69,12 @@ def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, re
     assert report["failed_export_job_ids"] == [queued, started]
     observations = [e.event_specific_data.asset_observation for e in result.all_events
                     if e.event_type_value == "ASSET_OBSERVATION"]
-    assert [o.asset_key.path for o in observations] == [["gitlab", "project_export_jobs"]]
-    assert observations[0].metadata["stuck_export_jobs"].value == 2
+    # The chunks (one here), observed as the run works, then the run's stuck_export_jobs event.
+    assert [o.asset_key.path for o in observations] == [["gitlab", "project_export_jobs"]] * 2
+    assert observations[0].metadata["per_batch"].value == {"enqueued": [2], "running": [0], "failed": [2]}
+    assert [row.data["jid"] for row in observations[0].metadata["failed_export_jobs"].value.records] == [
+        "jid-queued", "jid-started"]
+    assert observations[1].metadata["stuck_export_jobs"].value == 2
     assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == "2"
 
 

@@ -14,7 +14,7 @@ from pydantic import Field
 from ..batch import RunMode, Start, batch_job, finish, linear, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
-from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, observe, track_exception
+from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, observe, track_exception
 from . import service
 
 ASSET = ("gitlab", "project_export_jobs")
@@ -66,14 +66,19 @@ def fail_stuck_export_jobs(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.StuckResult:
     """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the
-    database refuses it). A dry run asks the same questions and changes nothing."""
+    database refuses it); the chunks are observed on the table. A dry run asks the same questions and changes
+    nothing."""
+
+    # Each chunk's numbers and failed jobs, observed on the table at a bounded rate (an event per chunk cost as much
+    # as the chunk's own SQL); a dry run observes nothing, its report lists what would fail.
+    observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs")
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
-        done = len(chunk.stuck) if outcome is None else len(outcome.failed)
-        context.log.info(
-            f"Export jobs up to id {chunk.last_id}: {chunk.candidates} enqueued, {chunk.running} still in Sidekiq, "
-            f"{done} {'would be ' if outcome is None else ''}failed"
-        )
+        if outcome is not None:
+            observer.add(
+                {"enqueued": chunk.candidates, "running": chunk.running, "failed": len(outcome.failed)},
+                ({"project_export_job_id": job.id, "jid": job.jid} for job in outcome.failed),
+            )
 
     def report_error(job_id: int, error: BaseException) -> None:
         track_exception(context, error, project_export_job_id=job_id)
@@ -81,11 +86,12 @@ def fail_stuck_export_jobs(
     # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
     # Redis errors do), and the next hour's run picks up.
     context.add_output_metadata(gitlab_redis.store_used("sidekiq_status"))
-    return service.mark_stuck_jobs_as_failed(
-        gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
-        grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
-        max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
-    )
+    with observer:
+        return service.mark_stuck_jobs_as_failed(
+            gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
+            grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
+            max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
+        )
 
 
 @op
