@@ -54,7 +54,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by, insert
+from sqlalchemy.dialects.postgresql import aggregate_order_by, insert
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -64,6 +64,8 @@ from ..gitlab.schema import (
     TIMESTAMP,
     TIMESTAMPTZ,
     GitLabSchema,
+    array_literal,
+    array_param,
     naive_utc,
     utc_now,
 )
@@ -215,9 +217,9 @@ def stop_actions_statement(schema: GitLabSchema, *, dry_run: bool = False) -> Se
     """
     b, pending = schema.ci_builds, schema.ci_pending_builds
     wanted = select(
-        func.unnest(bindparam("environment_ids", type_=ARRAY(BigInteger))).label("environment_id"),
-        func.unnest(bindparam("deployable_ids", type_=ARRAY(BigInteger))).label("deployable_id"),
-        func.unnest(bindparam("on_stops", type_=ARRAY(Text))).label("on_stop"),
+        func.unnest(array_param("environment_ids", BigInteger)).label("environment_id"),
+        func.unnest(array_param("deployable_ids", BigInteger)).label("deployable_id"),
+        func.unnest(array_param("on_stops", Text)).label("on_stop"),
     ).cte("wanted")
     deployable, stop_action = b.alias("deployable"), b.alias("stop_action")
     actions = select(wanted.c.environment_id, stop_action.c.id, stop_action.c.status).select_from(
@@ -271,13 +273,13 @@ def state_statement(schema: GitLabSchema) -> CompoundSelect:
     now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
     due = auto_stoppable(schema, now)
     stopping = (
-        update(e).where(e.c.id == any_(bindparam("stopping_ids", type_=ARRAY(BigInteger))), due)
+        update(e).where(e.c.id == any_(array_param("stopping_ids", BigInteger)), due)
         .values(state="stopping", updated_at=naive_now)
         .returning(e.c.id).cte("stopping")
     )
     stopped = (
         update(e)
-        .where(e.c.id == any_(bindparam("stopped_ids", type_=ARRAY(BigInteger))), due,
+        .where(e.c.id == any_(array_param("stopped_ids", BigInteger)), due,
                e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
         .values(state="stopped", auto_stop_at=None, updated_at=naive_now)
         .returning(e.c.id).cte("stopped")
@@ -303,8 +305,9 @@ def _stop_actions(
     if not deployed:
         return {}
     params = {
-        "environment_ids": [env.id for env in deployed], "deployable_ids": [env.deployable_id for env in deployed],
-        "on_stops": [env.on_stop for env in deployed], "naive_now": naive_utc(now),
+        "environment_ids": array_literal(env.id for env in deployed),
+        "deployable_ids": array_literal(env.deployable_id for env in deployed),
+        "on_stops": array_literal(env.on_stop for env in deployed), "naive_now": naive_utc(now),
     }
     in_batch = ci.in_transaction()
     with (ci.begin_nested() if savepoint else contextlib.nullcontext()) if in_batch else ci.begin():
@@ -322,8 +325,8 @@ def _planned(env: Row, actions: dict[int, Row], play: bool) -> str:
 def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan: dict[int, str]) -> dict[int, str]:
     params = {
         "now": now, "naive_now": naive_utc(now),
-        "stopping_ids": [i for i, o in plan.items() if o == STOPPING],
-        "stopped_ids": [i for i, o in plan.items() if o == STOPPED],
+        "stopping_ids": array_literal(i for i, o in plan.items() if o == STOPPING),
+        "stopped_ids": array_literal(i for i, o in plan.items() if o == STOPPED),
     }
     written = {r.id: r.outcome for r in main.execute(state_statement(schema), params)}
     unwritten = (LEFT_UNTOUCHED, NOT_PLAYED)  # planned so: nothing to write

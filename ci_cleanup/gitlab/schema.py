@@ -25,6 +25,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    ColumnElement,
     DateTime,
     FetchedValue,
     Integer,
@@ -35,10 +36,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
+    cast,
     func,
     inspect,
     text,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine
 
 TIMESTAMP = DateTime(timezone=False)
@@ -70,6 +74,21 @@ def utc_now() -> dt.datetime:
 def naive_utc(moment: dt.datetime) -> dt.datetime:
     """The value to compare with or write to a ``timestamp without time zone`` column (UTC by GitLab's rule)."""
     return moment.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def array_param(name: str, item_type) -> ColumnElement:
+    """The bound array ``name``, sent as one PostgreSQL array literal (:func:`array_literal`) and cast by the server.
+    A Python list would reach the server as ``ARRAY[…]``: a constant per element to parse and cast, about 2 µs each,
+    a millisecond per batch for a few arrays of 100."""
+    return cast(bindparam(name, type_=String), ARRAY(item_type))
+
+
+def array_literal(values) -> str:
+    """``values`` as a PostgreSQL array literal for :func:`array_param`: each element double-quoted, its backslashes
+    and double quotes escaped; None as NULL."""
+    return "{" + ",".join(
+        "NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+    ) + "}"
 
 
 # Where each table lives (GitLab's ``db/docs/<table>.yml``, ``gitlab_schema``): the CI tables in the ``ci`` database
