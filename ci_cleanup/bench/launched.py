@@ -168,10 +168,10 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
             pipe.execute()
         elif job == "environments_auto_stop":
             # Background environments that fall due during the rounds (auto_stop_at within the next hours, or left
-            # due by an interrupted bench) would be stopped by the first run alone, their stop actions (builds of
-            # a candidate's pipeline can be) played once: their auto-stop moved a week on, out of every round.
+            # due by an interrupted bench, '-infinity' included) would be stopped by the first run alone, their stop
+            # actions (builds of a candidate's pipeline can be) played once: their auto-stop moved a week from now.
             conn.execute(text("""
-                UPDATE environments SET auto_stop_at = auto_stop_at + interval '7 days'
+                UPDATE environments SET auto_stop_at = greatest(auto_stop_at, now()) + interval '7 days'
                 WHERE id <= :before AND state = 'available' AND auto_stop_at < now() + interval '6 hours'
             """), {"before": before["environments"]})
             # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
