@@ -154,8 +154,11 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     assert figures.rows == 50 and figures.batches == 1
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
     assert len(figures.idle) == len(figures.bare) == launched.IDLE_RUNS and figures.idle_s > 0
-    # The idle runs met the builds as they were before the candidates: nothing to do.
-    assert _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds") == builds
+    # After the idle runs (on the tables without the candidates: they changed nothing, below), the candidates are
+    # back, done as a round does them: failed, out of the queues.
+    assert _rows(engine, "SELECT count(*) - 50, max(id) - 50 FROM p_ci_builds") == builds
+    assert _rows(engine, "SELECT status, count(*) FROM p_ci_builds WHERE id > :b GROUP BY 1", b=builds[0][1]) == [
+        ("failed", 50)]
     assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -165,7 +168,8 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         bare = instance.get_run_records(RunsFilter(job_name=NAME))
         assert [r.dagster_run.status for r in bare] == [DagsterRunStatus.SUCCESS] * launched.IDLE_RUNS
         jobs = instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"))
-        assert len(jobs) == 2 + launched.IDLE_RUNS
+        assert sorted(r.dagster_run.tags["ci_cleanup/rows_changed"] for r in jobs) == ["0"] * launched.IDLE_RUNS + [
+            "50", "50"]
         for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)
 

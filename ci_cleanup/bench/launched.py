@@ -341,6 +341,10 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                         figures.bare.append(launch(env, bare_job.NAME, log_dir, ("-f", bare_job.__file__))[2])
             log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s; "
                 f"bare beside them: {', '.join(f'{s:.2f}' for s in figures.bare)} s")
+            # The candidates back, done as a round does them: later candidates (an environment's deployments, its
+            # stop actions) refer to these rows, and a later bench meets them done, not missing.
+            reset(cur, job, before)
+            FLOORS[job](floor_conn, client)
     finally:
         floor_conn.close()
         admin.close()
