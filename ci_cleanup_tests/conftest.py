@@ -3,6 +3,7 @@ and a real HTTP receiver for the alerts."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -64,6 +65,9 @@ def servers_dir():
     """
     path = Path(tempfile.mkdtemp(prefix="ci_cleanup_tests_"))
     os.chmod(path, 0o755)
+    # pgserver's exit handler, registered later and so run earlier, makes its lock folder again in the stack's
+    # runtime folder (XDG_RUNTIME_DIR, inside this one) after the teardown below: removed once more at the very end.
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
