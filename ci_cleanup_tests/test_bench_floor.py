@@ -113,6 +113,22 @@ def test_environments_floor_plays_stop_actions_and_queues_them_with_their_partit
     assert _rows(engine, stopped_with_a_time) == [(0,)]
 
 
+def test_environments_candidates_find_only_the_stop_actions_their_snapshot_holds(bench_db, redis_client):
+    """A second bench on the same tables: its candidates deploy from the pipelines where the first added stop
+    actions. Those are gone; the first run alone would have played them (pending for the next)."""
+    url, engine = bench_db
+    launched.add_candidates(engine, redis_client, "environments_auto_stop", CANDIDATES)
+    before = launched.add_candidates(engine, redis_client, "environments_auto_stop", CANDIDATES)
+    actions = _rows(engine, """
+        SELECT action.id > :b, count(DISTINCT action.id) FROM environments e
+        JOIN deployments d ON d.environment_id = e.id
+        JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
+        JOIN p_ci_builds action ON action.commit_id = deployable.commit_id AND action.name = d.on_stop
+        WHERE e.id > :e GROUP BY 1""", b=before["p_ci_builds"], e=before["environments"])
+    new = _rows(engine, "SELECT count(*) FROM p_ci_builds WHERE id > :b", b=before["p_ci_builds"])
+    assert actions == [(True, new[0][0])] and new[0][0] > 0
+
+
 def test_artifacts_floor_records_every_deleted_file(bench_db, redis_client):
     url, engine = bench_db
     _, before = _floor_then_service(url, engine, redis_client, "schedule_bulk_delete_job_artifacts")

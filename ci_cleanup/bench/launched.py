@@ -174,6 +174,16 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
                 UPDATE environments SET auto_stop_at = greatest(auto_stop_at, now()) + interval '7 days'
                 WHERE id <= :before AND state = 'available' AND auto_stop_at < now() + interval '6 hours'
             """), {"before": before["environments"]})
+            # Stop actions an earlier bench on these tables added in the pipelines the candidates deploy from are
+            # outside the snapshot: the first run alone would play them. Deleted (the rows only a bench adds).
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            conn.execute(text("""
+                DELETE FROM p_ci_builds stop_action
+                USING environments e, deployments d, p_ci_builds deployable
+                WHERE e.id > :before AND d.environment_id = e.id AND deployable.id = d.deployable_id
+                  AND stop_action.commit_id = deployable.commit_id AND stop_action.name = d.on_stop
+            """), {"before": before["environments"]})
+            conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
             # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
             before["p_ci_builds"] = _max_id(conn, "p_ci_builds")
             conn.execute(text("""
