@@ -14,7 +14,8 @@ The rule, without Dagster: page through the environments whose auto-stop time ha
 Environments and deployments are in GitLab's ``main`` database, builds and the runners' queue in ``ci``
 (the same database when GitLab is not decomposed). A batch is three statements: picked and locked in main
 (:func:`pick_statement`), stop actions played in ci (:func:`stop_actions_statement`), states written in main
-(:func:`state_statement`); :func:`stop_picked` says why in that order.
+(:func:`state_statement`); :func:`stop_picked` says why in that order. On one database the three are one
+(:func:`batch_statement`), each fed by the one before.
 
 GitLab's cron loop would pick the environments left available again and again; paging by
 ``(auto_stop_at, id)`` here, along GitLab's ``index_environments_on_state_and_auto_stop_at``, means each
@@ -204,23 +205,17 @@ def pick_statement(schema: GitLabSchema, *, one: bool = False, lock: bool = True
     return picked.with_for_update(of=e) if lock else picked
 
 
-@functools.lru_cache(maxsize=8)
-def stop_actions_statement(schema: GitLabSchema, *, dry_run: bool = False) -> Select:
-    """The ci database's half, in one statement: ``Environment#stop_actions`` (the ``Ci::Build`` rows of the
-    deployable's pipeline named ``on_stop``) of each environment given (``:environment_ids``, ``:deployable_ids``,
-    ``:on_stops``, in step), and the ``manual`` ones played (``Ci::Build#play``: ``pending``, ``queued_at``) and
-    queued for the runners (``ci_pending_builds``, GitLab's ``Ci::UpdateBuildQueueService#push``).
+def _stop_actions_per_environment(schema: GitLabSchema, wanted, dry_run: bool) -> Select:
+    """``Environment#stop_actions`` (the ``Ci::Build`` rows of the deployable's pipeline named ``on_stop``) of each
+    environment ``wanted`` (a CTE of ``environment_id``, ``deployable_id``, ``on_stop``), and the ``manual`` ones
+    played (``Ci::Build#play``: ``pending``, ``queued_at``) and queued for the runners (``ci_pending_builds``, GitLab's
+    ``Ci::UpdateBuildQueueService#push``).
 
     One row per environment that has stop actions: ``environment_id``, ``actions`` (all of them) and ``played``.
-    Played once only: a stop action already ``pending`` is not played again, so running this twice for the same
+    Played once only: a stop action already ``pending`` is not played again, so playing them twice for the same
     environments (a run killed before it wrote them) plays nothing more. ``dry_run``: ``played`` is what would be.
     """
     b, pending = schema.ci_builds, schema.ci_pending_builds
-    wanted = select(
-        func.unnest(array_param("environment_ids", BigInteger)).label("environment_id"),
-        func.unnest(array_param("deployable_ids", BigInteger)).label("deployable_id"),
-        func.unnest(array_param("on_stops", Text)).label("on_stop"),
-    ).cte("wanted")
     deployable, stop_action = b.alias("deployable"), b.alias("stop_action")
     actions = select(wanted.c.environment_id, stop_action.c.id, stop_action.c.status).select_from(
         wanted.join(deployable, deployable.c.id == wanted.c.deployable_id).join(
@@ -265,28 +260,71 @@ def stop_actions_statement(schema: GitLabSchema, *, dry_run: bool = False) -> Se
 
 
 @functools.lru_cache(maxsize=8)
-def state_statement(schema: GitLabSchema) -> CompoundSelect:
-    """The main database's write: ``:stopping_ids`` go ``stopping`` (they have stop actions), ``:stopped_ids``
-    (none, and ``always``) ``stopped`` with ``auto_stop_at`` cleared, each only if still auto-stoppable; the ids
-    written, with their outcome."""
+def stop_actions_statement(schema: GitLabSchema, *, dry_run: bool = False) -> Select:
+    """The ci database's half, in one statement: the stop actions of the environments given (``:environment_ids``,
+    ``:deployable_ids``, ``:on_stops``, in step), played (:func:`_stop_actions_per_environment`)."""
+    wanted = select(
+        func.unnest(array_param("environment_ids", BigInteger)).label("environment_id"),
+        func.unnest(array_param("deployable_ids", BigInteger)).label("deployable_id"),
+        func.unnest(array_param("on_stops", Text)).label("on_stop"),
+    ).cte("wanted")
+    return _stop_actions_per_environment(schema, wanted, dry_run)
+
+
+def _states(schema: GitLabSchema, stopping_ids: ColumnElement, stopped_ids: ColumnElement) -> CompoundSelect:
+    """``stopping_ids`` go ``stopping`` (they have stop actions), ``stopped_ids`` (none) ``stopped`` with
+    ``auto_stop_at`` cleared if ``always``, each only if still auto-stoppable; the ids written, with their outcome."""
     e = schema.environments
     now, naive_now = bindparam("now", type_=TIMESTAMPTZ), bindparam("naive_now", type_=TIMESTAMP)
     due = auto_stoppable(schema, now)
     stopping = (
-        update(e).where(e.c.id == any_(array_param("stopping_ids", BigInteger)), due)
+        update(e).where(e.c.id == any_(stopping_ids), due)
         .values(state="stopping", updated_at=naive_now)
         .returning(e.c.id).cte("stopping")
     )
     stopped = (
         update(e)
-        .where(e.c.id == any_(array_param("stopped_ids", BigInteger)), due,
-               e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
+        .where(e.c.id == any_(stopped_ids), due, e.c.auto_stop_setting == AUTO_STOP_ALWAYS)
         .values(state="stopped", auto_stop_at=None, updated_at=naive_now)
         .returning(e.c.id).cte("stopped")
     )
     return union_all(
         select(stopping.c.id, literal(STOPPING).label("outcome")),
         select(stopped.c.id, literal(STOPPED).label("outcome")),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def state_statement(schema: GitLabSchema) -> CompoundSelect:
+    """The main database's write (:func:`_states`) of ``:stopping_ids`` and ``:stopped_ids``."""
+    return _states(schema, array_param("stopping_ids", BigInteger), array_param("stopped_ids", BigInteger))
+
+
+@functools.lru_cache(maxsize=8)
+def batch_statement(schema: GitLabSchema) -> Select:
+    """On one database, a batch in one statement: the three above, each fed by the one before instead of by
+    parameters. Picked and locked (:func:`pick_statement`), their stop actions played
+    (:func:`_stop_actions_per_environment`), their states written (:func:`_states`: those with stop actions
+    ``stopping``, the others ``stopped``). One row per picked environment, in the cursor's order: its
+    :func:`pick_statement` columns, ``actions``, ``played`` and the ``outcome`` written (NULL: none)."""
+    pick = pick_statement(schema)
+    picked = pick.add_columns(schema.environments.c.auto_stop_at).cte("picked")
+    wanted = (
+        select(picked.c.id.label("environment_id"), picked.c.deployable_id, picked.c.on_stop)
+        .where(picked.c.deployable_id.is_not(None), picked.c.on_stop.is_not(None))
+        .cte("wanted")
+    )
+    found = _stop_actions_per_environment(schema, wanted, dry_run=False).cte("found")
+    without = select(picked.c.id).where(picked.c.id.not_in(select(found.c.environment_id)))
+    written = _states(
+        schema, func.array(select(found.c.environment_id).scalar_subquery()), func.array(without.scalar_subquery())
+    ).cte("written")
+    return (
+        select(*(picked.c[column.name] for column in pick.selected_columns), found.c.actions, found.c.played,
+               written.c.outcome)
+        .select_from(picked.outerjoin(found, found.c.environment_id == picked.c.id)
+                     .outerjoin(written, written.c.id == picked.c.id))
+        .order_by(picked.c.auto_stop_at, picked.c.id)
     )
 
 
@@ -322,6 +360,11 @@ def _planned(env: Row, actions: dict[int, Row], play: bool) -> str:
     return STOPPED if env.auto_stop_setting == AUTO_STOP_ALWAYS else LEFT_UNTOUCHED
 
 
+def _outcome(planned: str, written: str | None) -> str:
+    """What became of an environment: the state written, else nothing (as planned, or it changed concurrently)."""
+    return written or (planned if planned in (LEFT_UNTOUCHED, NOT_PLAYED) else CHANGED_CONCURRENTLY)
+
+
 def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan: dict[int, str]) -> dict[int, str]:
     params = {
         "now": now, "naive_now": naive_utc(now),
@@ -329,8 +372,7 @@ def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan
         "stopped_ids": array_literal(i for i, o in plan.items() if o == STOPPED),
     }
     written = {r.id: r.outcome for r in main.execute(state_statement(schema), params)}
-    unwritten = (LEFT_UNTOUCHED, NOT_PLAYED)  # planned so: nothing to write
-    return {i: written.get(i, o if o in unwritten else CHANGED_CONCURRENTLY) for i, o in plan.items()}
+    return {i: _outcome(o, written.get(i)) for i, o in plan.items()}
 
 
 def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_error) -> None:
@@ -391,9 +433,27 @@ def stop_picked(
                     _failed(batch, env_id, error, report_error)
     for env_id, outcome in outcomes.items():
         batch.ids[outcome].append(env_id)
-    if play:  # once each: environments deployed from one pipeline can share a stop action
-        batch.stop_actions_started = sorted({i for env_actions in actions.values() for i in env_actions.played or []})
+    if play:
+        batch.stop_actions_started = _started(actions.values())
     return batch
+
+
+def _started(actions) -> list[int]:
+    """The stop actions played, once each: environments deployed from one pipeline can share a stop action."""
+    return sorted({i for env_actions in actions for i in env_actions.played or []})
+
+
+def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime, params: dict) -> tuple[
+        BatchOutcome, tuple | None]:
+    """On one database, the next batch in one statement (:func:`batch_statement`) and its transaction; what the
+    database refuses is raised, nothing of the batch written."""
+    with main.begin():
+        picked = main.execute(batch_statement(schema), {**params, "naive_now": naive_utc(now)}).all()
+    actions = {env.id: env for env in picked if env.actions is not None}
+    batch = BatchOutcome(stop_actions_started=_started(actions.values()))
+    for env in picked:
+        batch.ids[_outcome(_planned(env, actions, play=True), env.outcome)].append(env.id)
+    return batch, _cursor(picked)
 
 
 def stop_next_batch(
@@ -403,9 +463,10 @@ def stop_next_batch(
     """The next batch: picked (and locked) in ``main``, stopped by :func:`stop_picked`, committed; with the cursor
     after it (None: no more).
 
-    On one database the batch is one transaction, first tried without savepoints (a round trip to open one and one
-    to release it, for each of its two steps): if the database refuses it, nothing of it stays, and it is done again
-    with them, so that what is refused is done environment by environment. Decomposed, ``ci`` commits before
+    On one database the batch is one transaction, first tried as one statement (:func:`stop_batch_at_once`; a dry
+    run, or stop actions not to be played: its steps without savepoints): if the database refuses it, nothing of it
+    stays, and it is done again step by step under savepoints, so that what is refused is done environment by
+    environment. Decomposed, ``ci`` commits before
     ``main`` writes, so ``main``'s write is always under its savepoint: a batch done again would play nothing more
     and count its stop actions as not started.
     """
@@ -420,7 +481,7 @@ def stop_next_batch(
 
     if main is ci:
         try:
-            return attempt(careful=False)
+            return stop_batch_at_once(main, schema, now, params) if play and not dry_run else attempt(careful=False)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
