@@ -139,12 +139,17 @@ class Lease:
 
 
 @functools.cache
-def exit_without_final_collection() -> None:
-    """The process that runs a batch exits without the interpreter's last garbage collections, which take ~0.6 s
-    over the ~200,000 objects Dagster's modules make (measured: ``import dagster`` then exit), to free memory the
-    system frees anyway. ``gc.freeze()`` at exit puts them out of the collector's reach; the other exit handlers
-    (logging's flush, Dagster's) still run after it. Nothing is left to finalize: the resources closed their
-    connections and the run's events are written when its last step ends."""
+def freeze_startup_objects() -> None:
+    """Put the objects the process holds when its first batch op starts (~200,000 of them, Dagster's modules and
+    the run's set-up) out of the garbage collector's reach, once per process, and again at exit.
+
+    During the batches each collection then walks only what the batches make: stuck_export_jobs launched on 100 k
+    candidates took 5.7 s instead of 6.2 s (median of 5 alternating launches). At exit the interpreter's last
+    collections (~0.6 s, to free memory the system frees anyway) are skipped; the other exit handlers (logging's
+    flush, Dagster's) still run after it. Nothing is left to finalize: the resources closed their connections and
+    the run's events are written when its last step ends. Objects frozen are never freed before the process ends:
+    a run's process ends with its run; a process running jobs in process freezes once, what it held then."""
+    gc.freeze()
     atexit.register(gc.freeze)
 
 
@@ -153,7 +158,7 @@ def start(
     gitlab_redis: GitLabRedis | None = None,
 ) -> Start:
     """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
-    exit_without_final_collection()
+    freeze_startup_objects()
     store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
         context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
