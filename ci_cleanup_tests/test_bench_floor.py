@@ -243,3 +243,21 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again
     assert "\nstartup_over_bare_s=0.30\n" in again and "startup_over_bare_s=1.30" not in again
     assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])
+
+
+@pytest.mark.parametrize("mode", ["launched", "deployed"])
+def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_path, mode):
+    """--launched / --deployed replace their section of the whole benchmark's file: a missing file (or one without
+    the headline) is named at once, not after the minutes of measuring (no database is even reached: env is empty)."""
+    from argparse import Namespace
+
+    from ci_cleanup.bench import run
+
+    args = Namespace(output=str(tmp_path / "missing.md"), launched=mode == "launched", deployed=mode == "deployed",
+                     small=False)
+    with pytest.raises(SystemExit, match="missing.md: no such file"):
+        run.main({}, args)
+    if mode == "launched":
+        (tmp_path / "other.md").write_text("# Benchmarks\n\n## The services\n")
+        with pytest.raises(SystemExit, match="not found: run the whole benchmark first"):
+            run.main({}, Namespace(**{**vars(args), "output": str(tmp_path / "other.md")}))

@@ -402,7 +402,21 @@ def with_deployed_section(markdown: str, section: str) -> str:
     return before + section + found + after
 
 
+def check_output(args) -> None:
+    """``--launched`` and ``--deployed`` replace their section of a file the whole benchmark wrote: checked before
+    the minutes of measuring, not after."""
+    if not args.output or not (args.launched or args.deployed):
+        return
+    path = Path(args.output)
+    if not path.is_file():
+        raise SystemExit(f"--output {path}: no such file. --launched and --deployed replace their section of a "
+                         "BENCHMARKS.md the whole benchmark wrote (--output '' prints the section only)")
+    if args.launched:
+        with_launched_section(path.read_text(), "")  # exits naming the heading when the file has none
+
+
 def main(env: dict[str, str], args) -> None:
+    check_output(args)
     if args.small:  # a development run of a few minutes; the figures are not the headline's
         for name, value in SMALL.items():
             setattr(args, name, value)
