@@ -129,6 +129,15 @@ def test_environments_candidates_find_only_the_stop_actions_their_snapshot_holds
     assert actions == [(True, new[0][0])] and new[0][0] > 0
 
 
+def test_exports_an_earlier_bench_spared_are_not_the_next_benchs_idle_work(bench_db, redis_client):
+    url, engine = bench_db
+    _floor_then_service(url, engine, redis_client, "stuck_export_jobs")  # leaves running and in-grace jobs enqueued
+    spared = "SELECT count(*) FROM project_export_jobs WHERE id <= :b AND status IN (0, 1)"
+    before = launched.add_candidates(engine, redis_client, "stuck_export_jobs", CANDIDATES)
+    assert _rows(engine, spared, b=before["project_export_jobs"]) == [(0,)]
+    assert _rows(engine, spared.replace("<=", ">"), b=before["project_export_jobs"]) == [(CANDIDATES,)]
+
+
 def test_artifacts_floor_records_every_deleted_file(bench_db, redis_client):
     url, engine = bench_db
     _, before = _floor_then_service(url, engine, redis_client, "schedule_bulk_delete_job_artifacts")

@@ -147,6 +147,10 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
                 SELECT id, project_id, partition_id FROM p_ci_builds WHERE id > :before AND id % 2 = 0
             """), {"before": before["p_ci_builds"]})
         elif job == "stuck_export_jobs":
+            # Exports an earlier bench's rounds spared (running, or in their grace) are still enqueued: every idle
+            # run would page through them (18,570 after a headline run). Finished, as they would be by now.
+            conn.execute(text("UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND status IN (0, 1)"),
+                         {"before": before["project_export_jobs"]})
             # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
             conn.execute(text("""
                 INSERT INTO project_relation_exports

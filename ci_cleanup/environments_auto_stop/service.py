@@ -466,9 +466,8 @@ def stop_next_batch(
     On one database the batch is one transaction, first tried as one statement (:func:`stop_batch_at_once`; a dry
     run, or stop actions not to be played: its steps without savepoints): if the database refuses it, nothing of it
     stays, and it is done again step by step under savepoints, so that what is refused is done environment by
-    environment. Decomposed, ``ci`` commits before
-    ``main`` writes, so ``main``'s write is always under its savepoint: a batch done again would play nothing more
-    and count its stop actions as not started.
+    environment. Decomposed, ``ci`` commits before ``main`` writes, so ``main``'s write is always under its
+    savepoint: a batch done again would play nothing more and count its stop actions as not started.
     """
     params = {"now": now, "after_at": after[0], "after_id": after[1], "limit": limit}
 
