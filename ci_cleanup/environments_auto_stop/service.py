@@ -33,7 +33,7 @@ import contextlib
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import (
@@ -305,8 +305,8 @@ def batch_statement(schema: GitLabSchema) -> Select:
     """On one database, a batch in one statement: the three above, each fed by the one before instead of by
     parameters. Picked and locked (:func:`pick_statement`), their stop actions played
     (:func:`_stop_actions_per_environment`), their states written (:func:`_states`: those with stop actions
-    ``stopping``, the others ``stopped``). One row per picked environment, in the cursor's order: its
-    :func:`pick_statement` columns, ``actions``, ``played`` and the ``outcome`` written (NULL: none)."""
+    ``stopping``, the others ``stopped``). One row per picked environment, in the cursor's order: ``id``,
+    ``auto_stop_setting``, ``cursor_at``, ``has_actions``, ``played`` and the ``outcome`` written (NULL: none)."""
     pick = pick_statement(schema)
     picked = pick.add_columns(schema.environments.c.auto_stop_at).cte("picked")
     wanted = (
@@ -320,8 +320,8 @@ def batch_statement(schema: GitLabSchema) -> Select:
         schema, func.array(select(found.c.environment_id).scalar_subquery()), func.array(without.scalar_subquery())
     ).cte("written")
     return (
-        select(*(picked.c[column.name] for column in pick.selected_columns), found.c.actions, found.c.played,
-               written.c.outcome)
+        select(picked.c.id, picked.c.auto_stop_setting, picked.c.cursor_at,
+               found.c.environment_id.is_not(None).label("has_actions"), found.c.played, written.c.outcome)
         .select_from(picked.outerjoin(found, found.c.environment_id == picked.c.id)
                      .outerjoin(written, written.c.id == picked.c.id))
         .order_by(picked.c.auto_stop_at, picked.c.id)
@@ -352,12 +352,12 @@ def _stop_actions(
         return {r.environment_id: r for r in ci.execute(stop_actions_statement(schema, dry_run=dry_run), params)}
 
 
-def _planned(env: Row, actions: dict[int, Row], play: bool) -> str:
+def _planned(has_actions: bool, auto_stop_setting: int, play: bool) -> str:
     """``stop_with_actions!``: stop actions -> ``stopping`` (``not_played`` when they cannot be played); none and
     ``always`` -> ``stopped``; else nothing."""
-    if env.id in actions:
+    if has_actions:
         return STOPPING if play else NOT_PLAYED
-    return STOPPED if env.auto_stop_setting == AUTO_STOP_ALWAYS else LEFT_UNTOUCHED
+    return STOPPED if auto_stop_setting == AUTO_STOP_ALWAYS else LEFT_UNTOUCHED
 
 
 def _outcome(planned: str, written: str | None) -> str:
@@ -414,7 +414,7 @@ def stop_picked(
             except DBAPIError as error:
                 _failed(batch, env.id, error, report_error)
                 picked = [p for p in picked if p.id != env.id]
-    plan = {env.id: _planned(env, actions, play) for env in picked}
+    plan = {env.id: _planned(env.id in actions, env.auto_stop_setting, play) for env in picked}
     if dry_run:
         outcomes = plan
     else:
@@ -434,26 +434,27 @@ def stop_picked(
     for env_id, outcome in outcomes.items():
         batch.ids[outcome].append(env_id)
     if play:
-        batch.stop_actions_started = _started(actions.values())
+        batch.stop_actions_started = _started(env_actions.played for env_actions in actions.values())
     return batch
 
 
-def _started(actions) -> list[int]:
-    """The stop actions played, once each: environments deployed from one pipeline can share a stop action."""
-    return sorted({i for env_actions in actions for i in env_actions.played or []})
+def _started(played: Iterable[list[int] | None]) -> list[int]:
+    """The stop actions played (each environment's ``played``), once each: environments deployed from one pipeline
+    can share a stop action."""
+    return sorted({i for ids in played for i in ids or ()})
 
 
 def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime, params: dict) -> tuple[
         BatchOutcome, tuple | None]:
     """On one database, the next batch in one statement (:func:`batch_statement`) and its transaction; what the
-    database refuses is raised, nothing of the batch written."""
+    database refuses is raised, nothing of the batch written. Its rows are unpacked as tuples (a Row's named
+    attribute costs about 0.5 µs, ten times a tuple's index)."""
     with main.begin():
         picked = main.execute(batch_statement(schema), {**params, "naive_now": naive_utc(now)}).all()
-    actions = {env.id: env for env in picked if env.actions is not None}
-    batch = BatchOutcome(stop_actions_started=_started(actions.values()))
-    for env in picked:
-        batch.ids[_outcome(_planned(env, actions, play=True), env.outcome)].append(env.id)
-    return batch, _cursor(picked)
+    batch = BatchOutcome(stop_actions_started=_started(env[4] for env in picked))
+    for env_id, auto_stop_setting, _, has_actions, _, written in picked:
+        batch.ids[_outcome(_planned(has_actions, auto_stop_setting, play=True), written)].append(env_id)
+    return batch, (picked[-1][2], picked[-1][0]) if picked else None
 
 
 def stop_next_batch(
