@@ -558,12 +558,17 @@ def test_odd_auto_stop_at_the_database_refuses_to_stop_is_reported_and_the_other
     scratch.dispose()
 
 
+@pytest.mark.parametrize("breakage", [
+    "DROP INDEX index_ci_pending_builds_on_build_id",
+    # what a failed CREATE UNIQUE INDEX CONCURRENTLY leaves: the index is there, PostgreSQL does not use it
+    "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'index_ci_pending_builds_on_build_id'::regclass",
+], ids=["dropped", "invalid"])
 def test_without_gitlabs_unique_index_on_pending_builds_the_run_fails_naming_it_and_stops_the_others(
-    stack, scratch_database, redis_client
+    stack, scratch_database, redis_client, breakage
 ):
     """Playing a stop action puts it in GitLab's queue, ``ON CONFLICT (build_id)``: only possible on GitLab's unique
     index. Its absence once failed every batch and tagged every environment as an error."""
-    scratch = gitlab_database(scratch_database, "DROP INDEX index_ci_pending_builds_on_build_id")
+    scratch = gitlab_database(scratch_database, breakage)
     plain = environment(scratch)
     app, stop = review_app(scratch)
     kept = environment(scratch, auto_stop_setting=1)
