@@ -608,7 +608,7 @@ ODD_CANDIDATES = {
                                      contacted_at=timestamptz(value)),
         "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
         "WHERE id NOT IN (SELECT id FROM ci_runner_machines)",  # deleted
-        ("find_stale_runner_machines", "stale_runner_machines"), "total_deleted",
+        ("report_stale_runner_machines_cleanup", "would_delete_count"), "total_deleted",
     ),
     "stuck_export_jobs": (
         lambda engine, value: create(engine, "project_export_jobs", status=1, jid=f"jid-{time.monotonic_ns()}",

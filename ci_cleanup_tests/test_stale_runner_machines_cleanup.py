@@ -101,9 +101,8 @@ def test_stale_machines_are_deleted_and_active_ones_kept(stack, engine, redis_cl
     report = op_metadata(result, REPORT)
     assert report == {
         "status": "success", "rows_changed": 2, "total_deleted": 2, "batch_counts": [2, 0],
-        "max_deletions_reached": False,
+        "max_deletions_reached": False, "stale_runner_machines_left": 0,
     }
-    assert op_metadata(result, "find_stale_runner_machines")["stale_runner_machines"] == 2
     assert observed_deletes(result) == [2, 0]
     assert redis_client.keys("*") == []  # no lease: the seed relies on idempotence
 
@@ -126,15 +125,15 @@ def test_max_deletions_leaves_the_rest_for_the_next_run(stack, engine, redis_cli
     first = run_job(stale_runner_machines_cleanup, stack)
 
     report = op_metadata(first, REPORT)
-    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (
-        1000, [100] * 10, True)
+    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"],
+            report["stale_runner_machines_left"]) == (1000, [100] * 10, True, 250)
     assert len(ids(engine, "ci_runner_machines")) == 251  # 250 stale left, and the active one
 
     second = run_job(stale_runner_machines_cleanup, stack)
 
     report = op_metadata(second, REPORT)
-    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (
-        250, [100, 100, 50, 0], False)
+    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"],
+            report["stale_runner_machines_left"]) == (250, [100, 100, 50, 0], False, 0)
     assert observed_deletes(second) == [100, 100, 50, 0]
     assert ids(engine, "ci_runner_machines") == [active]
 
@@ -143,7 +142,8 @@ def test_last_sub_batch_does_not_overshoot_the_cap(engine):
     stale_machines(engine, 30)
     result = service.delete_stale_runner_managers(
         on(engine, "ci_runner_machines"), S, now=utc_now(), sub_batch_limit=7, max_deletions=25)
-    assert (result.total_deleted, result.batch_counts, result.max_deletions_reached) == (25, [7, 7, 7, 4], True)
+    assert (result.total_deleted, result.batch_counts, result.max_deletions_reached, result.left) == (
+        25, [7, 7, 7, 4], True, 5)
     assert len(ids(engine, "ci_runner_machines")) == 5
 
 
@@ -151,7 +151,8 @@ def test_sub_batch_size_and_cap_are_config(stack, engine, redis_client):
     stale_machines(engine, 12)
     result = run_job(stale_runner_machines_cleanup, stack, run_config=run_config(sub_batch_size=5, max_deletions=11))
     report = op_metadata(result, REPORT)
-    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"]) == (11, [5, 5, 1], True)
+    assert (report["total_deleted"], report["batch_counts"], report["max_deletions_reached"],
+            report["stale_runner_machines_left"]) == (11, [5, 5, 1], True, 1)
     assert len(ids(engine, "ci_runner_machines")) == 1
 
 

@@ -1,7 +1,8 @@
 """``Ci::Runners::StaleMachinesCleanupCronWorker`` on Dagster: ``Ci::Runners::StaleManagersCleanupService`` as a job.
 
-find (schema check, stale count) -> delete (the sub-batches) -> report (the service's status,
-total_deleted and batch_counts). No lease, as in GitLab: the worker is idempotent.
+find (schema check; a dry run's count) -> delete (the sub-batches; the stale rows left when the cap stopped
+them) -> report (the service's status, total_deleted and batch_counts). No lease, as in GitLab: the worker is
+idempotent.
 """
 
 import datetime as dt
@@ -54,7 +55,6 @@ class CleanupPlan:
     stale_after: dt.timedelta
     sub_batch_size: int
     max_deletions: int
-    stale_count: int  # stale rows when the run started: the backlog, even past the cap
     would: dict = field(default_factory=dict)  # dry run: what a run would delete
 
 
@@ -63,26 +63,20 @@ def find_stale_runner_machines(
     context: OpExecutionContext, config: StaleRunnerMachinesCleanupConfig, gitlab_db: GitLabDatabase,
     run_options: RunOptions,
 ) -> CleanupPlan:
-    """Check the schema and count the stale runner machines."""
+    """Check the schema; a dry run counts the stale runner machines a run would delete."""
     schema = gitlab_db.schema
     now, stale_after = utc_now(), dt.timedelta(days=config.stale_after_days)
     deadline = service.stale_deadline(now, stale_after)
     gitlab_tables = gitlab_db.require([schema.ci_runner_machines])
     begun = start(context, run_options)
     would = {}
-    with gitlab_db.engine_for(schema.ci_runner_machines).connect() as conn:
-        stale_count = service.count_stale(conn, schema, deadline)
-        if begun.mode is RunMode.DRY_RUN:
-            would_delete = min(stale_count, config.max_deletions)  # as many as a real run would, capped
+    if begun.mode is RunMode.DRY_RUN:
+        with gitlab_db.engine_for(schema.ci_runner_machines).connect() as conn:
+            would_delete = service.count_stale(conn, schema, deadline, config.max_deletions)  # capped, as a run is
             ids = service.find_stale_ids(conn, schema, deadline, min(would_delete, MAX_IDS_REPORTED))
             would = {"would_delete_count": would_delete, "would_delete_ids": ids}
-    context.add_output_metadata(
-        {"stale_deadline": deadline.isoformat(), "stale_runner_machines": stale_count, **gitlab_tables,
-         **begun.metadata}
-    )
-    return CleanupPlan(
-        begun, now, stale_after, config.sub_batch_size, config.max_deletions, stale_count, would
-    )
+    context.add_output_metadata({"stale_deadline": deadline.isoformat(), **gitlab_tables, **begun.metadata})
+    return CleanupPlan(begun, now, stale_after, config.sub_batch_size, config.max_deletions, would)
 
 
 @op
@@ -113,8 +107,8 @@ def report_stale_runner_machines_cleanup(
     """The service's done log: status, total_deleted, batch_counts; and whether the cap stopped the run."""
     if result.max_deletions_reached:
         context.log.warning(
-            f"MAX_DELETIONS ({plan.max_deletions}) reached with {plan.stale_count} stale runner machines at the start: "
-            "the rest waits for the next run; reached run after run, the backlog is growing"
+            f"MAX_DELETIONS ({plan.max_deletions}) reached: {result.left} stale runner machines left for the next "
+            "run; reached run after run, the backlog is growing"
         )
     finish(
         context, plan.start,
@@ -123,6 +117,7 @@ def report_stale_runner_machines_cleanup(
             "total_deleted": result.total_deleted,
             "batch_counts": result.batch_counts,
             "max_deletions_reached": result.max_deletions_reached,
+            "stale_runner_machines_left": result.left,
         },
         would=plan.would,
         tags={MAX_DELETIONS_TAG: str(result.max_deletions_reached).lower()},  # read by max_deletions_backlog_alert

@@ -30,6 +30,8 @@ class CleanupResult:
     max_deletions: int
     total_deleted: int = 0
     batch_counts: list[int] = field(default_factory=list)
+    # Stale rows left for the next run: counted when the cap stopped the run; else 0, as its last pass found.
+    left: int = 0
 
     @property
     def max_deletions_reached(self) -> bool:
@@ -50,8 +52,17 @@ def stale(schema: GitLabSchema, deadline: dt.datetime) -> ColumnElement[bool]:
     return and_(m.c.created_at <= deadline, or_(m.c.contacted_at.is_(None), m.c.contacted_at <= deadline))
 
 
-def count_stale(conn: Connection, schema: GitLabSchema, deadline: dt.datetime) -> int:
-    return conn.scalar(select(func.count()).select_from(schema.ci_runner_machines).where(stale(schema, deadline)))
+def count_stale(conn: Connection, schema: GitLabSchema, deadline: dt.datetime, limit: int | None = None) -> int:
+    """The stale rows, or as many up to ``limit``.
+
+    Not a step of GitLab's service, nor of a run that is not stopped by its cap: with nothing to delete, a count
+    reads again what the sub-batch has just read: machines never contacted are found by the contacted_at index,
+    their ``created_at`` only in the table (the bench's 1,000,000 machines, 50,000 registered this week and never
+    contacted: 43 ms for the count beside the sub-batch's 24 ms).
+    """
+    m = schema.ci_runner_machines
+    found = select(m.c.id).where(stale(schema, deadline)).limit(limit).subquery()
+    return conn.scalar(select(func.count()).select_from(found))
 
 
 def find_stale_ids(conn: Connection, schema: GitLabSchema, deadline: dt.datetime, limit: int) -> list[int]:
@@ -125,7 +136,8 @@ def delete_stale_runner_managers(
     max_deletions: int = MAX_DELETIONS,
     on_sub_batch: Callable[[list[int]], None] = lambda deleted_ids: None,
 ) -> CleanupResult:
-    """GitLab's loop: stop when a pass deletes 0 or ``max_deletions`` are gone (then no trailing 0)."""
+    """GitLab's loop: stop when a pass deletes 0 or ``max_deletions`` are gone (then no trailing 0, and the stale
+    rows left are counted)."""
     if sub_batch_limit < 1 or max_deletions < 1:
         raise ValueError("sub_batch_limit and max_deletions must be at least 1")
     deadline = stale_deadline(now, stale_after)
@@ -139,5 +151,8 @@ def delete_stale_runner_managers(
             result.batch_counts.append(len(deleted))
             result.total_deleted += len(deleted)
             on_sub_batch(deleted)
-            if not deleted or result.total_deleted >= max_deletions:
+            if not deleted:
+                return result
+            if result.max_deletions_reached:
+                result.left = count_stale(conn, schema, deadline)
                 return result
