@@ -94,11 +94,15 @@ def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     deadline = stale_deadline(utc_now())
     total = batches = 0
-    while True:  # the job's loop: until a pass deletes nothing or max_deletions are gone
+    while True:  # the job's loop: until a pass deletes nothing or max_deletions are gone (then count what is left)
         cur.execute(STALE, {"deadline": deadline, "limit": min(SUB_BATCH_LIMIT, STALE_MAX_DELETIONS - total)})
         n = cur.fetchone()[0]
         total, batches = total + n, batches + 1
-        if not n or total >= STALE_MAX_DELETIONS:
+        if not n:
+            return total, batches
+        if total >= STALE_MAX_DELETIONS:
+            cur.execute("SELECT count(*) FROM ci_runner_machines WHERE created_at <= %(deadline)s "
+                        "AND (contacted_at IS NULL OR contacted_at <= %(deadline)s)", {"deadline": deadline})
             return total, batches
 
 
