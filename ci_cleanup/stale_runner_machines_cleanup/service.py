@@ -53,12 +53,13 @@ def stale(schema: GitLabSchema, deadline: dt.datetime) -> ColumnElement[bool]:
 
 
 def count_stale(conn: Connection, schema: GitLabSchema, deadline: dt.datetime, limit: int | None = None) -> int:
-    """The stale rows, or as many up to ``limit``.
+    """The stale rows, or as many up to ``limit``: what a dry run would delete, or what a run stopped by its cap
+    leaves.
 
-    Not a step of GitLab's service, nor of a run that is not stopped by its cap: with nothing to delete, a count
-    reads again what the sub-batch has just read: machines never contacted are found by the contacted_at index,
-    their ``created_at`` only in the table (the bench's 1,000,000 machines, 50,000 registered this week and never
-    contacted: 43 ms for the count beside the sub-batch's 24 ms).
+    GitLab's service counts nothing, nor does a run its cap did not stop: its last sub-batch found none. With nothing
+    to delete, a count would read again what that sub-batch read: the never-contacted machines, found by the
+    contacted_at index, their ``created_at`` only in the table (the bench's 1,000,000 machines, 50,000 of them
+    registered this week and never contacted: 43 ms of count beside the sub-batch's 24 ms).
     """
     m = schema.ci_runner_machines
     found = select(m.c.id).where(stale(schema, deadline)).limit(limit).subquery()
