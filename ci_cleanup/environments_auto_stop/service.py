@@ -451,10 +451,12 @@ def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime,
     attribute costs about 0.5 µs, ten times a tuple's index)."""
     with main.begin():
         picked = main.execute(batch_statement(schema), {**params, "naive_now": naive_utc(now)}).all()
-    batch = BatchOutcome(stop_actions_started=_started(env[4] for env in picked))
-    for env_id, auto_stop_setting, _, has_actions, _, written in picked:
+    batch, played = BatchOutcome(), []
+    for env_id, auto_stop_setting, _, has_actions, env_played, written in picked:
         batch.ids[_outcome(_planned(has_actions, auto_stop_setting, play=True), written)].append(env_id)
-    return batch, (picked[-1][2], picked[-1][0]) if picked else None
+        played.append(env_played)
+    batch.stop_actions_started = _started(played)
+    return batch, _cursor(picked)
 
 
 def stop_next_batch(
