@@ -199,12 +199,15 @@ def finish(
     report_run(context, {"status": status, **metadata, **dry}, tags)
 
 
-def linear(find: OpDefinition, act: OpDefinition, report: OpDefinition) -> Callable[[], None]:
-    """The graph of most jobs: find's plan goes to act, and both to report."""
+def linear(find: OpDefinition, act: OpDefinition) -> Callable[[], None]:
+    """The graph of every job: find's plan goes to act, which does the work and reports the run's totals.
+
+    Two ops, not three: each output handed from one op to the next is four events in the run's log (about
+    5 ms each on a PostgreSQL instance), and a report op of its own took two more inputs.
+    """
 
     def graph() -> None:
-        plan = find()
-        report(plan, act(plan))
+        act(find())
 
     return graph
 

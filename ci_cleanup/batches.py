@@ -53,25 +53,25 @@ class Batch:
 
 
 BATCHES = (
-    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
+    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "drop_outdated_builds",
           drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_job.LEASE, drop_demo.seed),
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
-          "report_stale_runner_machines_cleanup", stale_job.ASSET,
+          "delete_stale_runner_machines", stale_job.ASSET,
           "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
-    Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_auto_stop",
+    Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "stop_environments",
           stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,
           stop_demo.seed),
-    Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "report_stuck_export_jobs",
+    Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "fail_stuck_export_jobs",
           export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
           demo=export_demo.seed),
     Batch(artifacts_job.schedule_bulk_delete_job_artifacts, artifacts_job.schedule_bulk_delete_job_artifacts_schedule,
-          "report_bulk_delete", artifacts_job.ARTIFACTS,
+          "run_bucket_workers", artifacts_job.ARTIFACTS,
           "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket",
           demo=artifacts_demo.seed),  # its rows include the stored files delete_expired_artifact_files removes
     Batch(artifacts_job.delete_expired_artifact_files, artifacts_job.delete_expired_artifact_files_schedule,
-          "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
+          "remove_expired_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
-    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_prune", prune_job.ASSET,
+    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "prune_runs", prune_job.ASSET,
           "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
 )
 BY_NAME = {batch.name: batch for batch in BATCHES}

@@ -49,7 +49,7 @@ def test_outdated_canceling_build_is_dropped(stack, engine, redis_client):
 
     assert_dropped(engine, build_id)
     assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
-    report = op_metadata(result, "report_dropped_builds")
+    report = op_metadata(result, "drop_outdated_builds")
     assert (report["status"], report["rows_changed"], report["dropped_count"], report["batches"]) == (
         "success", 1, 1, 1)
     assert redis_client.exists(LEASE) == 0
@@ -108,7 +108,7 @@ def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_clie
     assert ids(engine, "ci_builds", S.ci_builds.c.status != "failed") == []
     assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(
         range(1, 251))
-    report = op_metadata(result, "report_dropped_builds")
+    report = op_metadata(result, "drop_outdated_builds")
     assert (report["dropped_count"], report["batches"]) == (250, 3)
     assert observed_per_batch(result, "dropped") == [100, 100, 50]
 
@@ -157,7 +157,7 @@ def test_lease_held_elsewhere_changes_nothing(stack, engine, redis_client):
     assert_untouched(engine, build_id, before)
     assert redis_client.get(LEASE) == b"someone-else"
     assert 1190 <= redis_client.ttl(LEASE) <= 1200
-    assert op_metadata(result, "report_dropped_builds")["status"] == "skipped: lease held"
+    assert op_metadata(result, "drop_outdated_builds")["status"] == "skipped: lease held"
 
 
 def test_lease_is_released_when_the_run_fails(stack, engine, redis_client, monkeypatch):
@@ -216,7 +216,7 @@ def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
     assert doomed.finished_at is not None
     assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
     assert_dropped(engine, good)
-    report = op_metadata(result, "report_dropped_builds")
+    report = op_metadata(result, "drop_outdated_builds")
     assert (report["dropped_count"], report["doomed_count"], report["rows_changed"]) == (1, 1, 2)
     assert report["errors"] == [f"build {bad}: row is broken"]
 
@@ -234,14 +234,14 @@ def test_created_at_in_bc_at_minus_infinity_or_in_year_1_is_dropped_or_reported_
     dry = run_job(drop_canceling_builds, stack, dry_run=True)
 
     in_created_at_order = [odd["-infinity"], odd["0044-03-15 12:00:00 BC"], odd["0001-01-01 00:00:00"], refused]
-    assert op_metadata(dry, "report_dropped_builds")["would_drop_ids"] == in_created_at_order
+    assert op_metadata(dry, "drop_outdated_builds")["would_drop_ids"] == in_created_at_order
     with updates_refused(engine, "p_ci_builds", f"NEW.id = {refused} AND NEW.failure_reason = 3"):
         result = run_job(drop_canceling_builds, stack)
 
     with on(engine, "ci_builds").connect() as conn:
         assert conn.execute(text("SELECT id, status, failure_reason FROM p_ci_builds ORDER BY id")).all() == [
             *[(build_id, "failed", 3) for build_id in odd.values()], (refused, "failed", 12)]
-    report = op_metadata(result, "report_dropped_builds")
+    report = op_metadata(result, "drop_outdated_builds")
     assert (report["dropped_count"], report["doomed_count"], report["rows_with_errors"]) == (3, 1, 1)
     assert report["errors"] == [f"build {refused}: row is broken"]
 
@@ -306,9 +306,9 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
     result = run_job(drop_canceling_builds, stack, dry_run=True, instance=instance)
 
     assert [row(engine, "ci_builds", b) for b in build_ids] == before
-    drop = op_metadata(result, "report_dropped_builds")
+    drop = op_metadata(result, "drop_outdated_builds")
     assert (drop["would_drop_count"], drop["would_drop_ids"]) == (3, build_ids)
-    assert op_metadata(result, "report_dropped_builds")["rows_changed"] == 0
+    assert op_metadata(result, "drop_outdated_builds")["rows_changed"] == 0
     assert redis_client.keys("*") == []
     assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
 

@@ -54,7 +54,7 @@ def review_app(engine, *, stop_status="manual", **values) -> tuple[int, int]:
 
 
 def report(result) -> dict:
-    return op_metadata(result, "report_auto_stop")
+    return op_metadata(result, "stop_environments")
 
 
 def failure_metadata(result) -> dict:
@@ -378,7 +378,7 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
 
     assert {t: [row(engine, t, i) for i in ids(engine, t)] for t in before} == before
     assert ids(engine, "ci_pending_builds") == []
-    would = op_metadata(result, "report_auto_stop")
+    would = op_metadata(result, "stop_environments")
     assert (would["would_stop_count"], would["would_stop_ids"]) == (1, [plain])
     assert (would["would_set_stopping_count"], would["would_set_stopping_ids"]) == (1, [app])
     assert (would["would_start_stop_actions_count"], would["would_start_stop_action_ids"]) == (1, [stop])

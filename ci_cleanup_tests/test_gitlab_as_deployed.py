@@ -69,7 +69,7 @@ def test_with_only_the_main_url_every_job_needing_ci_fails_naming_the_ci_variabl
         assert row(dbs, *seeded[name]) == before[name], name
     # Its tables are all main's: it needs no ci database and works.
     result = run_job(BY_NAME["stuck_export_jobs"].job, deployed, database_url=deployed.url())
-    assert op_metadata(result, "report_stuck_export_jobs")["failed_jobs_count"] == 1
+    assert op_metadata(result, "fail_stuck_export_jobs")["failed_jobs_count"] == 1
     assert redis_client.keys("gitlab:exclusive_lease:*") == []
 
 
@@ -265,7 +265,7 @@ def test_a_run_killed_between_its_ci_and_main_commits_loses_and_doubles_nothing_
         redis_client.delete(f"gitlab:exclusive_lease:{auto_stop_job.LEASE_KEY}")  # the dead run's lease, expired
 
         result = run_job(BY_NAME["environments_auto_stop"].job, deployed)
-        assert op_metadata(result, "report_auto_stop")["rows_with_errors"] == 0
+        assert op_metadata(result, "stop_environments")["rows_with_errors"] == 0
         environments, builds, queue = _state(dbs)
         assert [environments[i] for i, _ in apps] == ["stopping"] * 6, trial
         assert [environments[i] for i in plain] == ["stopped"] * 3, trial

@@ -161,15 +161,15 @@ def _artifact(engine, client):
 
 
 CASES = {
-    "drop_canceling_builds": Case(drop_canceling_builds, "report_dropped_builds", "ci_builds", True, _build,
+    "drop_canceling_builds": Case(drop_canceling_builds, "drop_outdated_builds", "ci_builds", True, _build,
                                   lambda r: r.status == "failed" and r.failure_reason == 3),
-    "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "report_stale_runner_machines_cleanup",
+    "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "delete_stale_runner_machines",
                                           "ci_runner_machines", False, _machine, lambda r: r is None),
-    "stuck_export_jobs": Case(stuck_export_jobs, "report_stuck_export_jobs", "project_export_jobs", True, _export,
+    "stuck_export_jobs": Case(stuck_export_jobs, "fail_stuck_export_jobs", "project_export_jobs", True, _export,
                               lambda r: r.status == 3),
-    "environments_auto_stop": Case(environments_auto_stop, "report_auto_stop", "environments", True, _environment,
+    "environments_auto_stop": Case(environments_auto_stop, "stop_environments", "environments", True, _environment,
                                    lambda r: r.state == "stopped"),
-    "schedule_bulk_delete_job_artifacts": Case(schedule_bulk_delete_job_artifacts, "report_bulk_delete",
+    "schedule_bulk_delete_job_artifacts": Case(schedule_bulk_delete_job_artifacts, "run_bucket_workers",
                                                "ci_job_artifacts", True, _artifact, lambda r: r is None),
 }
 LEASES = {"drop_canceling_builds": DROP_LEASE, "environments_auto_stop": STOP_LEASE}
@@ -463,7 +463,7 @@ def test_nulls_in_builds_canceling_without_created_or_updated_at_are_skipped_the
 
     result = run_job(drop_canceling_builds, faults)
 
-    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 1
+    assert op_metadata(result, "drop_outdated_builds")["dropped_count"] == 1
     for build_id in (no_created, no_updated):  # `created_at < cutoff` is unknown: not outdated, as in GitLab's scope
         assert row(engine, "ci_builds", build_id).status == "canceling"
     build = row(engine, "ci_builds", no_runner)
@@ -501,7 +501,7 @@ def test_nulls_in_environments_and_deployments_stop_never_crash(faults, db):
     result = run_job(environments_auto_stop, faults)
 
     assert result.success
-    assert op_metadata(result, "report_auto_stop")["failed_ids"] == []
+    assert op_metadata(result, "stop_environments")["failed_ids"] == []
     for env_id in (no_dates, no_deployable, no_on_stop):
         assert row(engine, "environments", env_id).state == "stopped"
 
@@ -566,7 +566,7 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
 
     assert result.success
     assert {name: row(engine, "ci_job_artifacts", made[name]) for name in made} == dict.fromkeys(made)
-    report = op_metadata(result, "report_bulk_delete")
+    report = op_metadata(result, "run_bucket_workers")
     assert (report["destroyed_job_artifacts_count"], report["deleted_objects_created"]) == (5, 5)
     with engine.connect() as conn:
         # In pick_up_at order: the workers run side by side, so the rows' ids follow no bucket order.
@@ -580,7 +580,7 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     )
 
     assert files.success
-    assert op_metadata(files, "report_removed_artifact_files")["files_missing"] == 8
+    assert op_metadata(files, "remove_expired_artifact_files")["files_missing"] == 8
     assert ids(engine, "ci_deleted_objects") == []
 
 
@@ -608,7 +608,7 @@ ODD_CANDIDATES = {
                                      contacted_at=timestamptz(value)),
         "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
         "WHERE id NOT IN (SELECT id FROM ci_runner_machines)",  # deleted
-        ("report_stale_runner_machines_cleanup", "would_delete_count"), "total_deleted",
+        ("delete_stale_runner_machines", "would_delete_count"), "total_deleted",
     ),
     "stuck_export_jobs": (
         lambda engine, value: create(engine, "project_export_jobs", status=1, jid=f"jid-{time.monotonic_ns()}",
@@ -626,7 +626,7 @@ ODD_CANDIDATES = {
                                      expire_at=timestamptz(value)),
         "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
         "WHERE id NOT IN (SELECT id FROM p_ci_job_artifacts)",  # deleted
-        ("report_bulk_delete", "would_delete_count"), "destroyed_job_artifacts_count",
+        ("run_bucket_workers", "would_delete_count"), "destroyed_job_artifacts_count",
     ),
 }
 

@@ -40,7 +40,7 @@ from .runner import op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
-REPORT = "report_bulk_delete"
+REPORT = "run_bucket_workers"
 WORKERS = "run_bucket_workers"
 
 
@@ -827,7 +827,7 @@ def test_job_runs_its_workers_in_one_op_in_process_every_7_minutes():
 
 # --- delete_expired_artifact_files: the stored files of deleted artifacts --------------------------------------
 
-FILES_REPORT = "report_removed_artifact_files"
+FILES_REPORT = "remove_expired_artifact_files"
 
 
 def deleted_object_row(engine, *, store_dir: str, file: str = "artifacts.zip", file_store: int = 1,

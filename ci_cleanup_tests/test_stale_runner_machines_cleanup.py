@@ -26,7 +26,7 @@ pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (m
 
 NOW = dt.datetime(2024, 5, 6, 12, 0, tzinfo=dt.UTC)
 WEEK = dt.timedelta(days=7)
-REPORT = "report_stale_runner_machines_cleanup"
+REPORT = "delete_stale_runner_machines"
 
 
 def machines(engine, count: int, *, created_at: dt.datetime, contacted_at: dt.datetime | None = None) -> None:

@@ -24,7 +24,7 @@ from .runner import failure_messages, op_metadata, run_job
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
-REPORT = "report_stuck_export_jobs"
+REPORT = "fail_stuck_export_jobs"
 J = S.project_export_jobs
 
 

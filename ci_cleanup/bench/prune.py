@@ -169,7 +169,7 @@ def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) ->
             raise RuntimeError(f"stale_runner_machines_cleanup failed beside the prune: {beside.stderr.read()[-2000:]}")
         report = next(
             e.step_output_data.metadata for e in result.all_events
-            if e.event_type_value == "STEP_OUTPUT" and e.step_key == "report_prune"
+            if e.event_type_value == "STEP_OUTPUT" and e.step_key == "prune_runs"
         )
         figures["runs_deleted"] = report["runs_deleted"].value
         figures["events_deleted"] = report["events_deleted"].value

@@ -1,6 +1,6 @@
 """``Ci::StuckBuilds::DropCancelingWorker`` on Dagster: ``Ci::StuckBuilds::DropCancelingService`` as a job.
 
-find (schema check, lease, count) -> drop (the batches) -> report (metadata, lease released).
+find (schema check, lease, count) -> drop (the batches; then the run's totals, lease released).
 """
 
 import datetime as dt
@@ -64,8 +64,15 @@ def find_canceling_builds(
 @op
 def drop_outdated_builds(
     context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> None:
+    """Drop the candidates 100 at a time, each batch one observation with GitLab's log fields; then give the
+    lease back and put the run's totals on it."""
+    report_dropped_builds(context, plan, drop_batches(context, plan, gitlab_db, gitlab_redis), gitlab_redis)
+
+
+def drop_batches(
+    context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.DropResult:
-    """Drop the candidates 100 at a time; each batch is one observation with GitLab's log fields."""
     if not plan.start.runs:
         return service.DropResult()
     renew_lease = LEASE.keeper(context, gitlab_redis)
@@ -94,11 +101,9 @@ def drop_outdated_builds(
         )
 
 
-@op
 def report_dropped_builds(
     context: OpExecutionContext, plan: DropPlan, result: service.DropResult, gitlab_redis: GitLabRedis
 ) -> None:
-    """Give the lease back and put the run's totals on it."""
     finish(
         context, plan.start,
         {
@@ -116,7 +121,7 @@ def report_dropped_builds(
 
 
 drop_canceling_builds, drop_canceling_builds_schedule = batch_job(
-    "drop_canceling_builds", linear(find_canceling_builds, drop_outdated_builds, report_dropped_builds),
+    "drop_canceling_builds", linear(find_canceling_builds, drop_outdated_builds),
     description="Fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 30-minute alert).
     seed="000", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,

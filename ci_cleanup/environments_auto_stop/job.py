@@ -1,6 +1,6 @@
 """``Environments::AutoStopCronWorker`` (and the ``AutoStopWorker`` it enqueues) on Dagster, as a job.
 
-find (schema check, lease, count) -> stop (the batches) -> report (metadata, lease released).
+find (schema check, lease, count) -> stop (the batches; then the run's totals, lease released).
 """
 
 import datetime as dt
@@ -77,9 +77,16 @@ def find_auto_stoppable_environments(
 @op
 def stop_environments(
     context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> None:
+    """Stop the environments batch by batch, the batches observed on the environments table; then give the lease
+    back and put the run's totals on it. A dry run decides each environment's outcome the same way and changes
+    nothing."""
+    report_auto_stop(context, plan, stop_batches(context, plan, gitlab_db, gitlab_redis), gitlab_redis)
+
+
+def stop_batches(
+    context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.AutoStopResult:
-    """Stop the environments batch by batch; the batches are observed on the environments table. A dry run
-    decides each environment's outcome the same way and changes nothing."""
     if plan.start.mode is RunMode.SKIPPED:
         return service.AutoStopResult()
     dry_run = plan.start.mode is RunMode.DRY_RUN
@@ -115,7 +122,6 @@ def stop_environments(
         )
 
 
-@op
 def report_auto_stop(
     context: OpExecutionContext, plan: AutoStopPlan, result: service.AutoStopResult, gitlab_redis: GitLabRedis
 ) -> None:
@@ -166,7 +172,7 @@ def report_auto_stop(
 
 
 environments_auto_stop, environments_auto_stop_schedule = batch_job(
-    "environments_auto_stop", linear(find_auto_stoppable_environments, stop_environments, report_auto_stop),
+    "environments_auto_stop", linear(find_auto_stoppable_environments, stop_environments),
     description="Stop environments whose auto-stop time has passed (Environments::AutoStopCronWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 50-minute alert).
     seed="003", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,

@@ -1,6 +1,6 @@
 """Housekeeping of our own: ``prune_dagster_history`` keeps the Dagster instance's runs and events bounded.
 
-find (limits, lease, what is old) -> prune (daily totals, then batches of runs) -> report (metadata,
+find (limits, lease, what is old) -> prune (daily totals, then batches of runs; then the run's totals,
 lease released). Dagster's open-source release has no retention for runs or event logs; its
 ``retention:`` setting (dagster.yaml) covers schedule and sensor ticks only.
 """
@@ -130,8 +130,13 @@ def find_old_runs(
 
 
 @op
-def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> service.PruneResult:
-    """Write the daily totals, then delete old runs batch by batch; each batch is one observation on dagster/runs."""
+def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> None:
+    """Write the daily totals, then delete old runs batch by batch, each batch one observation on dagster/runs;
+    then give the lease back and put the run's totals on it."""
+    report_prune(context, plan, prune_batches(context, plan, gitlab_redis), gitlab_redis)
+
+
+def prune_batches(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> service.PruneResult:
     if not plan.start.runs:
         return service.PruneResult()
     renew_lease = LEASE.keeper(context, gitlab_redis)
@@ -152,11 +157,9 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLa
     return result
 
 
-@op
 def report_prune(
     context: OpExecutionContext, plan: PrunePlan, result: service.PruneResult, gitlab_redis: GitLabRedis
 ) -> None:
-    """Give the lease back and put the run's totals on it."""
     if result.time_limit_reached:
         context.log.warning(f"Stopped after {plan.max_runtime_minutes} minutes; the rest goes in the next run")
     kept = service.oldest_kept(context.instance)
@@ -179,7 +182,7 @@ def report_prune(
 
 
 prune_dagster_history, prune_dagster_history_schedule = batch_job(
-    "prune_dagster_history", linear(find_old_runs, prune_runs, report_prune),
+    "prune_dagster_history", linear(find_old_runs, prune_runs),
     description="Delete the Dagster instance's finished runs and their event logs after 30 days (failed: 90), "
     "keeping each job's daily totals",
     lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease

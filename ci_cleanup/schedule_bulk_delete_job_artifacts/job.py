@@ -3,7 +3,7 @@ threads of one op, and the stored files' removal.
 
 ``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) -> run_bucket_workers
 (GitLab's ``perform_with_capacity``: max_buckets workers at once, each claiming its bucket and deleting the bucket's
-expired artifacts) -> report_bulk_delete. The whole run is one process on the code location's in-process executor:
+expired artifacts; then the run's totals). The whole run is one process on the code location's in-process executor:
 a process per worker would pay Dagster's start-up again (seconds of a run with nothing to do), and the workers
 wait on PostgreSQL, not on Python, so threads run them side by side as well.
 
@@ -134,9 +134,16 @@ class BucketWorkerFailed(RuntimeError):
 @op
 def run_bucket_workers(
     context: OpExecutionContext, plan: BulkDeletePlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> list[service.WorkerResult]:
+) -> None:
     """max_buckets ``BulkDeleteExpiredJobArtifactsWorker``s at once, worker i on bucket i, each a thread with its
-    own connection.
+    own connection; then the cron worker's end-of-run log line and the run's totals."""
+    report_bulk_delete(context, plan, bucket_workers(context, plan, gitlab_db, gitlab_redis))
+
+
+def bucket_workers(
+    context: OpExecutionContext, plan: BulkDeletePlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> list[service.WorkerResult]:
+    """The workers' run.
 
     Only this op's thread calls Dagster: the workers hand it their batches and their ends through a queue,
     which it reads while they run (observations at BatchObserver's bounded rate, a log line per worker). A
@@ -246,7 +253,6 @@ def _log_worker(context: OpExecutionContext, bucket: int, ended: service.WorkerR
         )
 
 
-@op
 def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, results: list[service.WorkerResult]) -> None:
     """The cron worker's end-of-run log line, and the run's totals."""
     destroyed = sum(r.destroyed_job_artifacts_count for r in results)
@@ -271,7 +277,7 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
 
 
 schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule = batch_job(
-    "schedule_bulk_delete_job_artifacts", linear(schedule_buckets, run_bucket_workers, report_bulk_delete),
+    "schedule_bulk_delete_job_artifacts", linear(schedule_buckets, run_bucket_workers),
     description="Delete expired job artifacts in parallel buckets "
     "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)",
     seed="004",
@@ -349,10 +355,12 @@ def _files_counts(batch: files.FilesBatch) -> dict:
 
 
 @op
-def remove_expired_artifact_files(
-    context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase
-) -> files.FilesResult:
-    """Remove the due local files and their rows, 100 at a time."""
+def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> None:
+    """Remove the due local files and their rows, 100 at a time; then the run's totals."""
+    report_removed_artifact_files(context, plan, remove_batches(context, plan, gitlab_db))
+
+
+def remove_batches(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> files.FilesResult:
     if not plan.start.runs:
         return files.FilesResult()
     root = Path(plan.root) if plan.root else None
@@ -368,7 +376,6 @@ def remove_expired_artifact_files(
         )
 
 
-@op
 def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, result: files.FilesResult) -> None:
     finish(
         context, plan.start,
@@ -391,7 +398,7 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
 
 delete_expired_artifact_files, delete_expired_artifact_files_schedule = batch_job(
     "delete_expired_artifact_files",
-    linear(plan_artifact_file_removal, remove_expired_artifact_files, report_removed_artifact_files),
+    linear(plan_artifact_file_removal, remove_expired_artifact_files),
     description="Remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
     seed="004", max_runtime_seconds=FILES_MAX_RUNTIME_SECONDS, cron="*/10 * * * *",
 )

@@ -1,7 +1,7 @@
 """``Ci::Runners::StaleMachinesCleanupCronWorker`` on Dagster: ``Ci::Runners::StaleManagersCleanupService`` as a job.
 
 find (schema check; a dry run's count) -> delete (the sub-batches; the stale rows left when the cap stopped
-them) -> report (the service's status, total_deleted and batch_counts). No lease, as in GitLab: the worker is
+them; then the service's status, total_deleted and batch_counts). No lease, as in GitLab: the worker is
 idempotent.
 """
 
@@ -80,10 +80,15 @@ def find_stale_runner_machines(
 
 
 @op
-def delete_stale_runner_machines(
+def delete_stale_runner_machines(context: OpExecutionContext, plan: CleanupPlan, gitlab_db: GitLabDatabase) -> None:
+    """Delete sub-batch after sub-batch, each its own transaction and one observation on the table; then the
+    service's done log."""
+    report_stale_runner_machines_cleanup(context, plan, delete_sub_batches(context, plan, gitlab_db))
+
+
+def delete_sub_batches(
     context: OpExecutionContext, plan: CleanupPlan, gitlab_db: GitLabDatabase
 ) -> service.CleanupResult:
-    """Delete sub-batch after sub-batch, each its own transaction and one observation on the table."""
     if not plan.start.runs:
         return service.CleanupResult(max_deletions=plan.max_deletions)
 
@@ -100,7 +105,6 @@ def delete_stale_runner_machines(
         )
 
 
-@op
 def report_stale_runner_machines_cleanup(
     context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult
 ) -> None:
@@ -126,7 +130,7 @@ def report_stale_runner_machines_cleanup(
 
 stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule = batch_job(
     "stale_runner_machines_cleanup",
-    linear(find_stale_runner_machines, delete_stale_runner_machines, report_stale_runner_machines_cleanup),
+    linear(find_stale_runner_machines, delete_stale_runner_machines),
     description="Delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
     seed="001", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="36 * * * *",  # GitLab's cron: every hour at :36
 )

@@ -1,6 +1,6 @@
 """``StuckExportJobsWorker`` on Dagster, as a job and its hourly schedule.
 
-find (schema check, count) -> fail (the chunks) -> report (metadata, the stuck_export_jobs event).
+find (schema check, count) -> fail (the chunks; then the run's totals, the stuck_export_jobs event).
 No lease: GitLab's worker relies on its two checks (Sidekiq status, then the row re-read and a guarded
 update), which make a repeated or concurrent run harmless.
 """
@@ -64,10 +64,16 @@ def find_enqueued_export_jobs(
 @op
 def fail_stuck_export_jobs(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> service.StuckResult:
+) -> None:
     """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the
-    database refuses it); the chunks are observed on the table. A dry run asks the same questions and changes
-    nothing."""
+    database refuses it), the chunks observed on the table; then GitLab's log line and event. A dry run asks the
+    same questions and changes nothing."""
+    report_stuck_export_jobs(context, plan, fail_chunks(context, plan, gitlab_db, gitlab_redis))
+
+
+def fail_chunks(
+    context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+) -> service.StuckResult:
 
     # Each chunk's numbers and failed jobs, observed on the table at a bounded rate (an event per chunk cost as much
     # as the chunk's own SQL); a dry run observes nothing, its report lists what would fail.
@@ -94,7 +100,6 @@ def fail_stuck_export_jobs(
         )
 
 
-@op
 def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan, result: service.StuckResult) -> None:
     """GitLab's 'Marked stuck export jobs as failed' log line and its stuck_export_jobs event."""
     if not plan.start.runs:
@@ -132,7 +137,7 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
 
 
 stuck_export_jobs, stuck_export_jobs_schedule = batch_job(
-    "stuck_export_jobs", linear(find_enqueued_export_jobs, fail_stuck_export_jobs, report_stuck_export_jobs),
+    "stuck_export_jobs", linear(find_enqueued_export_jobs, fail_stuck_export_jobs),
     description="Fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
     seed="002", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="30 * * * *",  # GitLab's cron: every hour at :30
 )
