@@ -48,7 +48,7 @@ from .runner import failure_messages, op_metadata, run_job
 S, F, C = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED
 RUNS_ASSET = AssetKey(["dagster", "runs"])
 # The template run's events: run and step events, its 5 sub-batches in one observation, in one process.
-EVENTS = 25
+EVENTS = 17
 ORPHAN_EVENTS = "SELECT count(*) FROM event_logs WHERE run_id <> '' AND run_id NOT IN (SELECT run_id FROM runs)"
 
 

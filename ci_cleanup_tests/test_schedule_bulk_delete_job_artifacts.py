@@ -40,8 +40,7 @@ from .runner import op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
-REPORT = "run_bucket_workers"
-WORKERS = "run_bucket_workers"
+WORKERS = REPORT = "run_bucket_workers"  # the workers' op reports the run's totals too
 
 
 def run_worker(engine, redis_client, **options) -> service.WorkerResult:
@@ -819,7 +818,7 @@ def test_job_runs_its_workers_in_one_op_in_process_every_7_minutes():
     job = defs.get_job_def("schedule_bulk_delete_job_artifacts")
     assert job.executor_def.name == "in_process"
     assert [node.name for node in job.graph.nodes_in_topological_order] == [
-        "schedule_buckets", WORKERS, REPORT]
+        "schedule_buckets", WORKERS]
     assert schedule_bulk_delete_job_artifacts_schedule.cron_schedule == "*/7 * * * *"
     assert schedule_bulk_delete_job_artifacts_schedule.execution_timezone == "UTC"
     assert schedule_bulk_delete_job_artifacts.tags["ci_cleanup/seed"] == "004"
