@@ -347,6 +347,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
         if "floor" in contenders:
             reset(cur, job, before, candidates=False)
+            cur.execute("CHECKPOINT")  # the rounds' writes on disk before the idle runs, not while they run
             for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
                 for idle in (True, False) if i % 2 == 0 else (False, True):
                     if idle:

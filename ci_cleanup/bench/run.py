@@ -269,7 +269,8 @@ tables, asserted).
 - "service": the job's service function in process, without Dagster. "Dagster ms/batch": (job − service) / batches
   (medians); "idle run subtracted" takes the job's idle run off first.
 - "idle": the same `dagster job execute` with nothing to do, whole process, {launched.IDLE_RUNS} times (target
-  ≤ 2.5 s), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps them between runs);
+  ≤ 2.5 s), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps them between runs)
+  and checkpointed (the rounds' writes flushed first, not by a checkpoint running beside the idle runs);
   "job − idle run, vs floor" takes its median off the job: the job's work against the floor's, without the
   start-up (target ≤ 1.15).
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only

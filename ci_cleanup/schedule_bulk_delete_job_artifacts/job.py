@@ -22,6 +22,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def bucket_workers(
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
     stop = threading.Event()
 
-    def work(engine: Engine, flags_engine: Engine, bucket: int) -> None:
+    def work(engine: Engine, flags_engine: Engine | None, bucket: int) -> None:
         try:
             handed_over.put((bucket, service.run_bucket_worker(
                 engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
@@ -188,9 +189,10 @@ def bucket_workers(
     # Each worker holds one connection for its whole run, so the op needs max_buckets of them at once (5, or 10
     # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
     # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
-    # Each worker reads GitLab's flags in main (feature_gates) and deletes in ci: a connection to each.
+    # Each worker reads GitLab's flags in main (feature_gates) and deletes in ci: a connection to each when GitLab is
+    # decomposed; on one database, the one connection does both (five connections fewer per run).
     artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
-    flags = gitlab_db.dedicated_engine(schema.feature_gates, workers)
+    flags = gitlab_db.dedicated_engine(schema.feature_gates, workers) if gitlab_db.decomposed else nullcontext()
     with observer, artifacts as engine, flags as flags_engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
         try:
             for bucket in range(workers):

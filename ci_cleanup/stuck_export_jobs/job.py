@@ -74,7 +74,7 @@ def fail_stuck_export_jobs(
 def fail_chunks(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> service.StuckResult:
-
+    """The service's chunks, observed."""
     # Each chunk's numbers and failed jobs, observed on the table at a bounded rate (an event per chunk cost as much
     # as the chunk's own SQL); a dry run observes nothing, its report lists what would fail.
     observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs")
