@@ -425,9 +425,35 @@ def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
             "FROM generate_series(1, 20000) g"
         ))
         conn.execute(text("ANALYZE project_export_jobs"))
-    query = service.enqueued_exports_query(S, after_id=0, limit=1000)
-    with engine.connect() as conn:
-        conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
+    def plan(query) -> str:
         compiled = query.compile(engine, compile_kwargs={"literal_binds": True})
-        plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
-    assert "index_project_export_jobs_on_status" in plan
+        return "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+
+    with engine.connect() as conn:
+        # The first op's count and first id: the status index, never min(id) read on the primary key.
+        counted = plan(service.count_enqueued_query(S))
+        conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
+        page = plan(service.enqueued_exports_query(S, after_id=0, limit=1000))
+    assert "index_project_export_jobs_on_status" in page
+    assert "index_project_export_jobs_on_status" in counted and "pkey" not in counted
+
+
+def test_pages_start_at_the_first_enqueued_job_counted_by_the_first_op(stack, engine, redis_client):
+    finished = [export_job(engine, f"jid-done-{i}", FINISHED) for i in range(3)]
+    first, second = export_job(engine, "jid-first", QUEUED), export_job(engine, "jid-second", STARTED)
+    with engine.connect() as conn:
+        assert service.count_enqueued(conn, S) == (2, first)
+        # Given a later first id (as if the first job had been counted and finished), the pages start there.
+        result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, grace_cutoff=ago(hours=6),
+                                                   first_id=second)
+    assert (result.stuck_ids, result.candidates) == ([second], 1)
+    assert ids(engine, "project_export_jobs", J.c.status == QUEUED) == [first]
+    assert ids(engine, "project_export_jobs", J.c.status == FINISHED) == finished
+    with engine.connect() as conn:
+        assert service.count_enqueued(conn, S) == (1, first)
+
+    run_job(stuck_export_jobs, stack)
+
+    assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [first, second]
+    with engine.connect() as conn:
+        assert service.count_enqueued(conn, S) == (0, None)

@@ -106,10 +106,12 @@ def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
             return total, batches
 
 
-# -- stuck_export_jobs: page by id, one pipelined EXISTS per chunk (as the job), fail the completed ones if
-# still enqueued under the same jid and not a parallel export in its 6 h grace. The fail of chunk k and the read
-# of chunk k+1 are one statement (the page is past chunk k's ids, so the two never meet): one database and one
-# Redis round trip per chunk.
+# -- stuck_export_jobs: the count and the first enqueued id (as the job's first op), then page by id from it, one
+# pipelined EXISTS per chunk (as the job), fail the completed ones if still enqueued under the same jid and not a
+# parallel export in its 6 h grace. The fail of chunk k and the read of chunk k+1 are one statement (the page is
+# past chunk k's ids, so the two never meet): one database and one Redis round trip per chunk.
+
+FIRST_ENQUEUED = "SELECT count(*), min(id) FROM project_export_jobs WHERE status IN (0, 1)"
 
 EXPORTS = """WITH failed AS (
   UPDATE project_export_jobs j SET status = 3, updated_at = %(now)s
@@ -125,7 +127,9 @@ SELECT (SELECT count(*) FROM failed), array_agg(id ORDER BY id), array_agg(jid O
 def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     grace_cutoff = utc_now() - EXPORT_JOBS_EXPIRATION
-    total = batches = after = 0
+    cur.execute(FIRST_ENQUEUED)
+    after = (cur.fetchone()[1] or 1) - 1
+    total = batches = 0
     ids: list = []
     jids: list = []
     while True:

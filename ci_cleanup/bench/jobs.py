@@ -24,6 +24,7 @@ from ..gitlab.schema import gitlab_schema, naive_utc, utc_now
 from ..schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ..stale_runner_machines_cleanup import service as stale_machines
 from ..stuck_export_jobs import service as stuck_exports
+from .floor import FIRST_ENQUEUED
 
 S = gitlab_schema()
 UNLIMITED = 10**9
@@ -156,14 +157,17 @@ def stale_per_row(engine, client, on_batch):
 # -- stuck_export_jobs ---------------------------------------------------------------------------
 
 def exports_job(engine, client, on_batch):
+    with engine.connect() as conn:  # the job's first op
+        first_id = stuck_exports.count_enqueued(conn, S).first_id
     return stuck_exports.mark_stuck_jobs_as_failed(
-        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION,
+        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=first_id,
         on_chunk=lambda chunk, outcome: on_batch(),
     ).stuck
 
 
 def exports_raw(engine, client, on_batch):
-    total, after = 0, 0
+    with engine.connect() as conn:
+        total, after = 0, (conn.execute(text(FIRST_ENQUEUED)).one()[1] or 1) - 1
     while True:
         with engine.begin() as conn:
             page = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > :after "

@@ -41,6 +41,7 @@ class StuckExportPlan:
     grace_cutoff: dt.datetime
     chunk_size: int
     candidates: int
+    first_id: int | None = None
 
 
 @op
@@ -51,14 +52,14 @@ def find_enqueued_export_jobs(
     schema = gitlab_db.schema
     gitlab_tables = gitlab_db.require([schema.project_export_jobs, schema.project_relation_exports])
     with gitlab_db.engine_for(schema.project_export_jobs).connect() as conn:
-        candidates = service.count_enqueued(conn, schema)
+        enqueued = service.count_enqueued(conn, schema)
     begun = start(context, run_options)
     grace_cutoff = utc_now() - dt.timedelta(hours=config.relation_exports_grace_hours)
     context.add_output_metadata(
-        {"candidates": candidates, "grace_cutoff": grace_cutoff.isoformat(), **gitlab_tables,
+        {"candidates": enqueued.count, "grace_cutoff": grace_cutoff.isoformat(), **gitlab_tables,
          **begun.metadata}
     )
-    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, candidates)
+    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, enqueued.count, enqueued.first_id)
 
 
 @op
@@ -96,7 +97,7 @@ def fail_chunks(
         return service.mark_stuck_jobs_as_failed(
             gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
             grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
-            max_ids=MAX_IDS_REPORTED, on_chunk=on_chunk, report_error=report_error,
+            max_ids=MAX_IDS_REPORTED, first_id=plan.first_id, on_chunk=on_chunk, report_error=report_error,
         )
 
 

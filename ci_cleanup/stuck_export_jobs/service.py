@@ -144,9 +144,24 @@ def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limi
     return list(map(Export, ids or (), jids or ()))
 
 
-def count_enqueued(conn: Connection, schema: GitLabSchema) -> int:
+class Enqueued(NamedTuple):
+    count: int
+    first_id: int | None  # the oldest enqueued job's id; None: none enqueued
+
+
+def count_enqueued(conn: Connection, schema: GitLabSchema) -> Enqueued:
+    """How many export jobs are queued or started, and the first one's id, in one scan of GitLab's status index.
+
+    The first page then starts at that id. From 0, PostgreSQL reads it on the primary key, through every
+    finished export older than the first enqueued one (2.2 million rows, 0.3 s once per run, on the bench's table);
+    ``min(id)`` alone would be planned the same way, beside ``count(*)`` it is not.
+    """
+    return Enqueued(*conn.execute(count_enqueued_query(schema)).one())
+
+
+def count_enqueued_query(schema: GitLabSchema) -> Select:
     j = schema.project_export_jobs
-    return conn.scalar(select(func.count()).select_from(j).where(j.c.status.in_(ENQUEUED)))
+    return select(func.count(), func.min(j.c.id)).where(j.c.status.in_(ENQUEUED))
 
 
 def ask_sidekiq(queues: redis.Redis, candidates: list[Export]) -> tuple[StuckChunk, list[Export]]:
@@ -329,14 +344,16 @@ def mark_stuck_jobs_as_failed(
     chunk_size: int = CHUNK_SIZE,
     dry_run: bool = False,
     max_ids: int = 1000,
+    first_id: int | None = None,
     on_chunk: Callable[[StuckChunk, FailOutcome | None], None] = lambda chunk, outcome: None,
     report_error: Callable[[int, BaseException], None] = lambda job_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> StuckResult:
     """The worker's ``mark_stuck_jobs_as_failed!``, ``chunk_size`` jobs at a time by id (a million queued rows never
-    load at once); in a dry run, find the stuck jobs and write nothing."""
+    load at once), from ``first_id`` (:func:`count_enqueued`'s; a job enqueued since has a higher id), else from
+    the first id; in a dry run, find the stuck jobs and write nothing."""
     result = StuckResult(max_ids=max_ids)
-    after_id = 0
+    after_id = (first_id or 1) - 1
     with engine.connect() as conn:  # one connection for the run; no transaction open while Redis is asked
         while True:
             with conn.begin():
