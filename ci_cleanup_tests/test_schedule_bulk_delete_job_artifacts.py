@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import itertools
+import logging
 import os
 import posixpath
 import signal
@@ -106,7 +107,16 @@ def worker_metadata(result) -> list[dict]:
 
 
 def log_lines(instance: DagsterInstance, result, starting: str) -> list[str]:
-    return [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith(starting)]
+    """The run's log lines starting so; a failed worker's line with the rest of its message (PostgreSQL's CONTEXT)."""
+    found = []
+    for event in instance.all_logs(result.run_id):
+        if event.is_dagster_event:
+            continue
+        if event.level >= logging.ERROR:
+            found += [event.user_message] if event.user_message.startswith(starting) else []
+        else:  # workers that ended together: a line each in one event
+            found += [line for line in event.user_message.splitlines() if line.startswith(starting)]
+    return found
 
 
 def expected_hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
