@@ -45,6 +45,7 @@ import redis
 from psycopg2 import sql
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 
 from ..devstack import REPO_ROOT, PgBouncer
 from ..gitlab import sidekiq_status
@@ -222,7 +223,8 @@ def snapshot(cur, job: str, before: dict[str, int]) -> None:
 def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> None:
     """The state the snapshot saw: candidates deleted and copied back, triggers off (ids, side tables as they were),
     vacuumed: each run starts without the dead rows of the one before, and autovacuum, with nothing left to do,
-    does not start in the middle of it.
+    does not start in the middle of it; then checkpointed: the reset's writes (2.4 GB of WAL for 100 k builds) reach
+    the disk before the run, not in a checkpoint inside it (see :func:`_no_checkpoint_mid_run`).
 
     Without ``candidates``: the tables as they were before them, for the idle runs. The rounds leave behind the
     candidates the job spares (running exports, builds still queued); an idle run paging through those would be
@@ -238,6 +240,7 @@ def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> 
         cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
     cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))))
+    cur.execute("CHECKPOINT")
 
 
 def _columns(cur, table: str) -> list[tuple[str, str]]:
@@ -346,8 +349,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                                          f"\n{state}\n!=\n{expected}")
                 log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
         if "floor" in contenders:
-            reset(cur, job, before, candidates=False)
-            cur.execute("CHECKPOINT")  # the rounds' writes on disk before the idle runs, not while they run
+            reset(cur, job, before, candidates=False)  # checkpointed: the rounds' writes on disk before the idle runs
             for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
                 for idle in (True, False) if i % 2 == 0 else (False, True):
                     if idle:
@@ -383,7 +385,8 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
         conn.execute(text("TRUNCATE " + ", ".join(SIDE_TABLES)))
     results = []
     bouncer = _bouncer if deployed else (lambda *_: contextlib.nullcontext())
-    with tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, bouncer(env, Path(logs), log) as deployed:
+    with (tempfile.TemporaryDirectory(prefix="ci_cleanup_bench_") as logs, bouncer(env, Path(logs), log) as deployed,
+          _no_checkpoint_mid_run(engine, log)):
         for job in jobs:
             log(f"{job}: {candidates:,} candidates, {rounds} rounds of {' / '.join(contenders)}"
                 f"{' / deployed' if deployed else ''}")
@@ -391,6 +394,33 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
                                      contenders))
     engine.dispose()
     return results
+
+
+# WAL a run may write before PostgreSQL starts a checkpoint of its own: a 100 k-candidate run writes about 1.2 GB
+# (GitLab's indexes on every changed row), and the default 1 GB starts one at about half of that.
+MAX_WAL_SIZE = "16GB"
+
+
+@contextlib.contextmanager
+def _no_checkpoint_mid_run(engine: Engine, log) -> Iterator[None]:
+    """``max_wal_size`` raised while the rounds run, and reset after: with a CHECKPOINT after every reset, no
+    checkpoint then falls inside a measured run. Left to the WAL's volume, one started inside most runs, at a
+    different point of each (the floor's and the job's writes are the same: their checkpoints too, but not when).
+    Unchanged where the bench's role may not ``ALTER SYSTEM`` (a server of the operator's)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        try:
+            conn.execute(text(f"ALTER SYSTEM SET max_wal_size = '{MAX_WAL_SIZE}'"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+        except DBAPIError as e:
+            log(f"max_wal_size left as it is ({str(e.orig).strip()}): checkpoints may fall inside measured runs")
+            yield
+            return
+    try:
+        yield
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ALTER SYSTEM RESET max_wal_size"))
+            conn.execute(text("SELECT pg_reload_conf()"))
 
 
 def has_pgbouncer() -> bool:

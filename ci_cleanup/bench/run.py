@@ -255,7 +255,8 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 {separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds; in each round the
 job, its floor and its service each start from the same reset state (the candidates restored from a template with
-triggers off, then vacuumed: no dead rows of the run before, no autovacuum starting mid-run), in an order that
+triggers off, then vacuumed: no dead rows of the run before, no autovacuum starting mid-run; then checkpointed:
+the reset's writes on disk before the run, not in a checkpoint that falls inside some runs), in an order that
 alternates between rounds; every run must leave the tables exactly as the first one did (digest of the changed
 tables, asserted).
 
@@ -270,7 +271,7 @@ tables, asserted).
   (medians); "idle run subtracted" takes the job's idle run off first.
 - "idle": the same `dagster job execute` with nothing to do, whole process, {launched.IDLE_RUNS} times (target
   ≤ 2.5 s), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps them between runs)
-  and checkpointed (the rounds' writes flushed first, not by a checkpoint running beside the idle runs);
+  and checkpointed (the rounds' writes flushed first);
   "job − idle run, vs floor" takes its median off the job: the job's work against the floor's, without the
   start-up (target ≤ 1.15).
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
