@@ -396,20 +396,18 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
     return results
 
 
-# WAL a run may write before PostgreSQL starts a checkpoint of its own: a 100 k-candidate run writes about 1.2 GB
-# (GitLab's indexes on every changed row), and the default 1 GB starts one at about half of that.
-MAX_WAL_SIZE = "16GB"
-
-
 @contextlib.contextmanager
 def _no_checkpoint_mid_run(engine: Engine, log) -> Iterator[None]:
     """``max_wal_size`` raised while the rounds run, and reset after: with a CHECKPOINT after every reset, no
     checkpoint then falls inside a measured run. Left to the WAL's volume, one started inside most runs, at a
     different point of each (the floor's and the job's writes are the same: their checkpoints too, but not when).
-    Unchanged where the bench's role may not ``ALTER SYSTEM`` (a server of the operator's)."""
+    Unchanged where the bench's role may not ``ALTER SYSTEM`` (a server of the operator's).
+
+    A 100 k-candidate run writes about 1.2 GB of WAL (GitLab's indexes on every changed row); with the default 1 GB
+    PostgreSQL starts a checkpoint at about half of that. 16 GB: more than a reset and a run write together."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         try:
-            conn.execute(text(f"ALTER SYSTEM SET max_wal_size = '{MAX_WAL_SIZE}'"))
+            conn.execute(text("ALTER SYSTEM SET max_wal_size = '16GB'"))
             conn.execute(text("SELECT pg_reload_conf()"))
         except DBAPIError as e:
             log(f"max_wal_size left as it is ({str(e.orig).strip()}): checkpoints may fall inside measured runs")
