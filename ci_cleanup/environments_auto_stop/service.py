@@ -387,7 +387,7 @@ def _failed(batch: BatchOutcome, environment_id: int, error: DBAPIError, report_
 def stop_picked(
     main: Connection, ci: Connection, schema: GitLabSchema, now: dt.datetime, picked: list[Row], *,
     dry_run: bool = False, play: bool = True, report_error: Callable[[int, BaseException], None] = lambda i, e: None,
-    careful: bool = True,
+    careful: bool = True, batch: BatchOutcome | None = None,
 ) -> BatchOutcome:
     """Stop the environments ``picked`` (locked in ``main``'s open transaction), as ``stop_with_actions!`` does.
 
@@ -397,11 +397,12 @@ def stop_picked(
     plays nothing more and writes their state, so nothing is lost or done twice. What a database refuses for the
     batch is done environment by environment (``ci`` in its own transactions, ``main`` under savepoints); an
     environment refused is reported (``failed``) and left available. ``play=False``: the stop actions are only
-    looked up (as in a dry run), and their environments left ``not_played``. ``careful=False`` (one database only):
-    no savepoints, and what a database refuses is raised, for the caller to roll the batch back and do it again
-    carefully.
+    looked up (as in a dry run), and their environments left ``not_played``. ``careful=False``: no savepoints, and
+    what a database refuses is raised, for the caller to roll ``main`` back and do the batch again carefully. The
+    outcome goes into ``batch`` (a new one if None), its ``stop_actions_started`` before ``main``'s write: what ``ci``
+    committed stays counted when that write is refused and the batch done again, playing nothing more.
     """
-    batch = BatchOutcome()
+    batch = BatchOutcome() if batch is None else batch
     look_only = dry_run or not play
     try:
         actions = _stop_actions(ci, schema, now, picked, look_only, savepoint=careful)
@@ -415,6 +416,8 @@ def stop_picked(
             except DBAPIError as error:
                 _failed(batch, env.id, error, report_error)
                 picked = [p for p in picked if p.id != env.id]
+    if play:
+        batch.stop_actions_started = _started([batch.stop_actions_started, *(a.played for a in actions.values())])
     plan = {env.id: _planned(env.id in actions, env.auto_stop_setting, play) for env in picked}
     if dry_run:
         outcomes = plan
@@ -434,8 +437,6 @@ def stop_picked(
                     _failed(batch, env_id, error, report_error)
     for env_id, outcome in outcomes.items():
         batch.ids[outcome].append(env_id)
-    if play:
-        batch.stop_actions_started = _started(env_actions.played for env_actions in actions.values())
     return batch
 
 
@@ -471,29 +472,32 @@ def stop_next_batch(
     """The next batch: picked (and locked) in ``main``, stopped by :func:`stop_picked`, committed; with the cursor
     after it (None: no more).
 
-    On one database the batch is one transaction, first tried as one statement (:func:`stop_batch_at_once`; a dry
-    run, or stop actions not to be played: its steps without savepoints): if the database refuses it, nothing of it
-    stays, and it is done again step by step under savepoints, so that what is refused is done environment by
-    environment. Decomposed, ``ci`` commits before ``main`` writes, so ``main``'s write is always under its
-    savepoint: a batch done again would play nothing more and count its stop actions as not started.
+    First tried without savepoints: on one database as one statement (:func:`stop_batch_at_once`; a dry run, or
+    stop actions not to be played: its steps), decomposed as its three steps, ``ci``'s one statement committed on
+    its own (the run's ``ci`` connection is in autocommit). If a database refuses it, ``main``'s transaction is
+    rolled back and the batch done again step by step under savepoints, so that what is refused is done
+    environment by environment. On one database nothing of the first try stays; decomposed, what ``ci`` committed
+    does: done again, the batch plays nothing more, and the stop actions the first try played stay counted.
     """
     params = {"now": now, "after_at": after[0], "after_id": after[1], "limit": limit}
 
-    def attempt(careful: bool) -> tuple[BatchOutcome, tuple | None]:
+    def attempt(careful: bool, batch: BatchOutcome) -> tuple[BatchOutcome, tuple | None]:
         with main.begin():
             picked = main.execute(pick_statement(schema, lock=not dry_run), params).all()
-            batch = stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error,
-                                careful=careful)
+            stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error,
+                        careful=careful, batch=batch)
         return batch, _cursor(picked)
 
-    if main is ci:
-        try:
-            return stop_batch_at_once(main, schema, now, params) if play and not dry_run else attempt(careful=False)
-        except DBAPIError as e:
-            if e.connection_invalidated:
-                raise
+    first = BatchOutcome()
+    try:
+        if main is ci and play and not dry_run:
+            return stop_batch_at_once(main, schema, now, params)
+        return attempt(careful=False, batch=first)
+    except DBAPIError as e:
+        if e.connection_invalidated:
+            raise
     with in_transactions(main):
-        return attempt(careful=True)
+        return attempt(careful=True, batch=BatchOutcome(stop_actions_started=first.stop_actions_started))
 
 
 @contextlib.contextmanager
@@ -544,13 +548,16 @@ def auto_stop_environments(
     """
     result = AutoStopResult()
     started, cursor = clock(), START
-    # One connection to each database for the run, a transaction per batch in each; on one database (the same
-    # engine) one connection, and each batch one transaction: stopped and played together, or neither. There, a
-    # batch is one statement (stop_batch_at_once) and the connection in autocommit.
+    # One connection to each database for the run. Decomposed, a transaction per batch in main, and ci in
+    # autocommit: its part of a batch is one statement. On one database (the same engine) one connection, and
+    # each batch one transaction: stopped and played together, or neither. There, a batch is one statement
+    # (stop_batch_at_once) and the connection in autocommit.
     with contextlib.ExitStack() as connections:
         main_conn = connections.enter_context(main.connect())
         ci_conn = main_conn if ci is main else connections.enter_context(ci.connect())
-        if ci is main and play_stop_actions and not dry_run:
+        if ci is not main:
+            ci_conn.execution_options(isolation_level=AUTOCOMMIT)
+        elif play_stop_actions and not dry_run:
             main_conn.execution_options(isolation_level=AUTOCOMMIT)
         while True:
             if result.loops >= max_loops:
