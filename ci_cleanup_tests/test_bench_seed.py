@@ -97,3 +97,22 @@ def test_growing_the_bench_tables_builds_the_big_ones_indexes_after(scratch_data
     assert counts == {"ci_builds": 300, "ci_runner_machines": 30, "project_export_jobs": 30, "environments": 30,
                       "ci_job_artifacts": 300}
     engine.dispose()
+
+
+def test_runner_machines_are_seeded_in_the_order_they_were_registered(scratch_database):
+    """As GitLab appends them: ids and each partition's pages follow created_at, so the machines registered this
+    week (the only rows a stale sub-batch with nothing to delete reads) are the table's last rows."""
+    engine = gitlab_database(scratch_database)
+    seed.insert(engine, "ci_runner_machines", 400)  # the background mix: 20 registered this week, never contacted
+    with engine.connect() as conn:
+        by_created = conn.scalars(text("SELECT id FROM ci_runner_machines ORDER BY created_at, id")).all()
+        assert by_created == sorted(by_created) and len(by_created) == 400
+        in_pages = conn.execute(text("""SELECT tableoid::regclass::text, array_agg(id ORDER BY ctid)
+                                        FROM ci_runner_machines GROUP BY 1""")).all()
+        assert len(in_pages) == 3 and all(ids == sorted(ids) for _, ids in in_pages)
+        never, older = conn.execute(text("""
+            SELECT array_agg(id ORDER BY id) FILTER (WHERE contacted_at IS NULL),
+                   max(id) FILTER (WHERE created_at <= now() - interval '7 days')
+            FROM ci_runner_machines""")).one()
+        assert len(never) == 20 and never[0] > older  # after every machine registered before the week
+    engine.dispose()

@@ -72,7 +72,11 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
 
 
 def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
-    """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year."""
+    """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year.
+
+    In the order they were registered, as GitLab appends them: ids and table pages follow ``created_at``, so the
+    machines registered this week sit at the table's end, not one in every 20 rows of every page.
+    """
     conn.execute(text("""
         INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at,
                                         contacted_at)
@@ -87,6 +91,7 @@ def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetim
                              THEN (CASE WHEN g % 4 = 0 THEN NULL ELSE :now - make_interval(days => 8) END)
                              WHEN g % 20 = 0 THEN NULL
                              ELSE :now - make_interval(secs => g % 3600) END AS contacted) x
+        ORDER BY created
     """), {"n": n, "every": every, "now": now})
 
 
