@@ -80,7 +80,7 @@ def _what_to_do(error: Exception) -> str:
 
 
 @contextlib.contextmanager
-def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], bool]]:
+def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
     """The embedded stack for as long as the block runs (shared, and left running, if another command started it)."""
     print(f"Embedded stack (PostgreSQL and Redis) in {data_dir}", flush=True)
     with EmbeddedStack(data_dir) as stack:
@@ -89,12 +89,13 @@ def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], bool]]:
         engine = create_engine(stack.url())
         create_schema(engine)
         engine.dispose()
-        yield stack.env(), True
+        yield stack.env(), stack
 
 
 @contextlib.contextmanager
-def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]:
-    """The configured servers ``command`` needs, or the embedded stack when none is configured; and which."""
+def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], EmbeddedStack | None]]:
+    """The configured servers ``command`` needs, or the embedded stack when none is configured; and the stack, or
+    None when the servers are the configured ones."""
     configured = [v for v in URL_VARS if os.environ.get(v)]
     if command == "demo":
         if configured:
@@ -105,7 +106,7 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]
     if command == "run" and os.environ.get(CONFIG_DIR):
         # GitLab's own files say where everything is; a variable set beside them overrides its part.
         print(f"Using GitLab's config files in {os.environ[CONFIG_DIR]} ({CONFIG_DIR})", flush=True)
-        yield {v: os.environ[v] for v in (*URL_VARS, CI_DATABASE) if os.environ.get(v)}, False
+        yield {v: os.environ[v] for v in (*URL_VARS, CI_DATABASE) if os.environ.get(v)}, None
         return
     if not configured:
         print(f"No {DATABASE} / {REDIS}: using the embedded stack", flush=True)
@@ -120,7 +121,7 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], bool]]
             f"Set {' and '.join(missing)} too, or unset {' and '.join(configured)} to use the embedded stack",
         )
     ci = {CI_DATABASE: os.environ[CI_DATABASE]} if os.environ.get(CI_DATABASE) else {}
-    yield {**{v: os.environ[v] for v in NEEDS[command]}, **ci}, False
+    yield {**{v: os.environ[v] for v in NEEDS[command]}, **ci}, None
 
 
 def gitlab_engine(url: str) -> tuple[Engine, str]:
@@ -175,7 +176,7 @@ def external_target(args, env) -> tuple[Engine, str]:
     return engine, where
 
 
-def cmd_schema_create(args, env, embedded: bool) -> None:
+def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
     if args.decomposed:
         return create_decomposed_schema(env, embedded)
     engine, where = gitlab_engine(env[DATABASE])
@@ -188,7 +189,7 @@ def cmd_schema_create(args, env, embedded: bool) -> None:
     print(f"GitLab schema created in {where} (tables that existed were left as they are)")
 
 
-def create_decomposed_schema(env, embedded: bool) -> None:
+def create_decomposed_schema(env, embedded: EmbeddedStack | None) -> None:
     """GitLab's main and ci databases as a decomposed GitLab has them: the embedded stack's ``gitlab`` and
     ``gitlab_ci``, or the databases the two variables name."""
     ci_url = env.get(CI_DATABASE)
@@ -214,7 +215,7 @@ def create_decomposed_schema(env, embedded: bool) -> None:
         print(f"Every ci-cleanup command on this stack now uses both ({CI_DATABASE} is set for them)")
 
 
-def cmd_seed(args, env, embedded: bool) -> None:
+def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
     from .demo import seed
 
     engine, where = gitlab_engine(env[DATABASE]) if embedded else external_target(args, env)
@@ -244,10 +245,13 @@ def cmd_seed(args, env, embedded: bool) -> None:
     print("Seeded the demo GitLab dataset")
 
 
-def cmd_bench(args, env, embedded: bool) -> None:
+def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
     from .bench.run import main as bench
+    from .bench.run import omnibus_postgres
 
-    if not embedded:
+    if embedded:  # as GitLab's package runs its PostgreSQL; a server of the user's own is never reconfigured
+        embedded.configure(omnibus_postgres())
+    else:
         external_target(args, env)[0].dispose()
     bench(env, args)
 
@@ -370,7 +374,7 @@ def fresh_demo_data(env, *, decomposed: bool = False) -> dict[str, str]:
     return {**env, DATABASE: url.set(database=DEMO_DATABASE).render_as_string(hide_password=False), REDIS: redis_url}
 
 
-def cmd_demo(args, env, embedded: bool) -> None:
+def cmd_demo(args, env, embedded: EmbeddedStack | None) -> None:
     # The demo's data is its own, seeded anew each time: a dry run seeds too (the jobs then change nothing).
     from .schedule_bulk_delete_job_artifacts.demo import write_stored_files
 
@@ -401,7 +405,7 @@ def _redis_url_given(env: dict[str, str]) -> str | None:
     return None if url == os.environ.get(REDIS) else url
 
 
-def cmd_run(args, env, embedded: bool) -> None:
+def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
     # An unreachable server is one line here, not a failed run (from GitLab's files: the run's first op says it).
     if DATABASE in env:
         gitlab_engine(env[DATABASE])[0].dispose()
@@ -444,7 +448,7 @@ def dagster_pg_url(env: dict[str, str]) -> dict[str, str]:
     return {**env, "CI_CLEANUP_DAGSTER_PG_URL": parsed.render_as_string(hide_password=False)}
 
 
-def cmd_dev(args, env, embedded: bool) -> None:
+def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
     """Dagster UI and daemon on 127.0.0.1; Ctrl-C stops them, then the embedded servers."""
     if "DAGSTER_HOME" not in env:
         home = os.environ.get("DAGSTER_HOME")
@@ -492,7 +496,7 @@ def _wait_for_ui(ui: str, process: subprocess.Popen) -> bool:
     return False
 
 
-def print_dev_servers(ui: str, env: dict[str, str], embedded: bool) -> None:
+def print_dev_servers(ui: str, env: dict[str, str], embedded: EmbeddedStack | None) -> None:
     """Where dev's servers are, and the line that points any other command at them (passwords never shown)."""
     print(f"\nReady: Dagster UI on {ui}; schedules start STOPPED (turn them on in the UI, Automation)", flush=True)
     print(f"  GitLab database  {shown_url(make_url(env[DATABASE]))}")

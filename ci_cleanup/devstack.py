@@ -131,6 +131,30 @@ class EmbeddedStack:
         pg_ctl(["-w", *options, "start"], pgdata=self._pg.pgdata, user=self._pg.system_user, timeout=30)
         self._pg.ensure_postgres_running()  # reads the new postmaster.pid
 
+    def configure(self, settings: dict[str, str | None]) -> None:
+        """PostgreSQL's ``settings`` (name: value, None to reset it) written with ALTER SYSTEM, so they stay in the
+        stack's data folder; PostgreSQL restarted when one of them takes effect only at start (shared_buffers)."""
+        engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                known = set(conn.scalars(text("SELECT name FROM pg_settings")))
+                for name in settings.keys() - known:
+                    raise ValueError(f"{name!r} is not a PostgreSQL setting")
+                for name, value in settings.items():
+                    if value is None:
+                        conn.execute(text(f"ALTER SYSTEM RESET {name}"))
+                    else:  # ALTER SYSTEM takes no bind parameter: the value as a quoted literal
+                        literal = "'" + str(value).replace("'", "''") + "'"
+                        conn.execute(text(f"ALTER SYSTEM SET {name} = {literal}"))
+                conn.execute(text("SELECT pg_reload_conf()"))
+                # pg_file_settings reads the files now: a value changed that a reload cannot apply needs a restart.
+                restart = conn.scalar(text("SELECT bool_or(NOT applied AND error IS NOT NULL) FROM pg_file_settings"))
+        finally:
+            engine.dispose()
+        if restart:
+            self.stop_postgres()
+            self.start_postgres()
+
     def stop_redis(self) -> None:
         """Shut the Redis this stack started down, saving first as a restart does: what was written stays."""
         pid = self._redis.pid

@@ -175,6 +175,36 @@ CASES = {
 LEASES = {"drop_canceling_builds": DROP_LEASE, "environments_auto_stop": STOP_LEASE}
 
 
+def settings(stack, *names: str) -> list[str]:
+    engine = create_engine(stack.url("postgres"))
+    with engine.connect() as conn:
+        shown = [conn.scalar(text("SELECT current_setting(:n)"), {"n": name}) for name in names]
+    engine.dispose()
+    return shown
+
+
+def test_the_stack_keeps_postgresql_settings_and_restarts_for_those_read_at_start(faults):
+    """``ci-cleanup bench`` sets its embedded PostgreSQL as Omnibus GitLab sets its own: shared_buffers takes effect
+    only at start (a restart), work_mem at a reload; a misspelt name is refused before anything is written."""
+    started = faults.postgres_pid
+    try:
+        faults.configure({"shared_buffers": "64MB", "work_mem": "16MB"})
+        assert settings(faults, "shared_buffers", "work_mem") == ["64MB", "16MB"]
+        restarted = faults.postgres_pid
+        assert restarted != started
+
+        faults.configure({"work_mem": "8MB"})
+        assert settings(faults, "shared_buffers", "work_mem") == ["64MB", "8MB"]
+        assert faults.postgres_pid == restarted  # reloaded, not restarted
+
+        with pytest.raises(ValueError, match="^'shared_bufers' is not a PostgreSQL setting$"):
+            faults.configure({"work_mem": "32MB", "shared_bufers": "1GB"})
+        assert settings(faults, "shared_buffers", "work_mem") == ["64MB", "8MB"]
+    finally:
+        faults.configure({"shared_buffers": None, "work_mem": None})
+    assert settings(faults, "shared_buffers", "work_mem") == ["128MB", "4MB"]  # PostgreSQL's defaults again
+
+
 # --- outages ------------------------------------------------------------------------------------------
 
 
@@ -753,7 +783,10 @@ SQL_WORDS = re.compile(
 ALLOWED_SQL_FORMATTING = {
     # SET LOCAL statement_timeout = {int}: SET takes no bind parameter
     ("resources.py", "int(self.statement_timeout_seconds * 1000)"),
-    ("devstack.py", "name"),  # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB
+    # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB; ALTER SYSTEM SET / RESET {name}: a name
+    # found in pg_settings (ALTER SYSTEM takes no bind parameter), set to a quoted literal, its quotes doubled
+    ("devstack.py", "name"),
+    ("devstack.py", "literal"),
     ("devstack.py", "parsed.database"),  # CREATE DATABASE "{…}": the stack's own (gitlab_ci), a constant
     ("cli.py", "name"),  # DROP / CREATE DATABASE "{…}": the demo's own, constants DEMO_DATABASE, DEMO_CI_DATABASE
     ("gitlab/schema.py", "qualified"),  # lock-writes triggers: our tables' names, as pg_class has them

@@ -239,6 +239,28 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
+def omnibus_postgres() -> dict[str, str]:
+    """Omnibus GitLab's own settings for its PostgreSQL's memory and planner (its postgresql cookbook's
+    ``attributes/default.rb``): the bench's embedded PostgreSQL runs as GitLab's package runs it, not on
+    PostgreSQL's defaults (128 MB of shared buffers). Omnibus' maintenance_work_mem (16 MB) is left out: it only
+    slows the seed's index builds, which nothing here measures."""
+    ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    return {"shared_buffers": f"{ram_mb // 4}MB", "effective_cache_size": f"{ram_mb // 2}MB", "work_mem": "16MB",
+            "random_page_cost": "2", "max_parallel_workers_per_gather": "0"}
+
+
+def postgres_settings(url: str) -> str:
+    """The measured PostgreSQL's version and its settings that :func:`omnibus_postgres` names, as it reports them."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            shown = [f"{name} {conn.scalar(text('SELECT current_setting(:n)'), {'n': name})}"
+                     for name in ("server_version", *omnibus_postgres())]
+    finally:
+        engine.dispose()
+    return ", ".join(shown)
+
+
 def _load(values: tuple[float, float, float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
 
@@ -300,7 +322,8 @@ def write_markdown(path: Path, services: str, results: list[launched.Launched], 
 
 Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
-- Machine: {machine()}; PostgreSQL {server}, embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set.
+- Machine: {machine()}; PostgreSQL: {server}. Embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set,
+  with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `ci_cleanup/bench/run.py`).
 - Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
   2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
@@ -346,8 +369,9 @@ def deployed_only(env: dict[str, str], args, jobs: list[str]) -> None:
     now = dt.datetime.now(dt.UTC)
     section = deployed_section(results, separate_run=f"""
 Written by `ci-cleanup bench --deployed` on {now:%Y-%m-%d %H:%M} UTC, a run of its own after the headline's:
-{machine()}; {args.candidates:,} candidates per job in {args.big_rows:,}-row tables, {args.rounds} rounds;
-load average {_load(load['before'])} before, {_load(load['after'])} after.
+{machine()}; PostgreSQL: {postgres_settings(env["CI_CLEANUP_DATABASE_URL"])}; {args.candidates:,} candidates
+per job in {args.big_rows:,}-row tables, {args.rounds} rounds; load average {_load(load['before'])} before,
+{_load(load['after'])} after.
 """)
     print(section)
     if args.output:
@@ -373,7 +397,8 @@ def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
     now = dt.datetime.now(dt.UTC)
     section = launched_section(results, bare, args, daemon_s, separate_run=f"""
 Written by `ci-cleanup bench --launched` on {now:%Y-%m-%d %H:%M} UTC, a run of its own (the services' section below
-is from the run the heading names): {machine()}; load average {_load(load['before'])} before,
+is from the run the heading names): {machine()}; PostgreSQL:
+{postgres_settings(env["CI_CLEANUP_DATABASE_URL"])}; load average {_load(load['before'])} before,
 {_load(load['after'])} after.
 """)
     print(section)
@@ -441,10 +466,7 @@ def main(env: dict[str, str], args) -> None:
     load["after"] = os.getloadavg()
     print()
     print(launched_table(results, bare))
-    engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
-    with engine.connect() as conn:
-        server = conn.scalar(text("SHOW server_version"))
-    engine.dispose()
+    server = postgres_settings(env["CI_CLEANUP_DATABASE_URL"])
     if args.output:
         write_markdown(Path(args.output), services, results, args=args, server=server, load=load, daemon_s=daemon_s,
                        bare=bare)
