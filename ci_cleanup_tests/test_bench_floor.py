@@ -4,6 +4,7 @@ sees a difference; one job launched as operators run it, against its floor (a sc
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 
 import pytest
@@ -270,3 +271,21 @@ def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_p
         (tmp_path / "other.md").write_text("# Benchmarks\n\n## The services\n")
         with pytest.raises(SystemExit, match="not found: run the whole benchmark first"):
             run.main({}, Namespace(**{**vars(args), "output": str(tmp_path / "other.md")}))
+
+
+@pytest.mark.parametrize("limit, cap", [("4294967296\n", 4 * 2**30), ("max\n", None)])
+def test_the_bench_sets_postgresql_from_the_memory_its_container_may_use(tmp_path, monkeypatch, limit, cap):
+    """Omnibus' quarter of RAM for shared_buffers (a half for effective_cache_size), of the container's limit when
+    it has one below the machine's RAM: a host's RAM would give a PostgreSQL more than it may touch."""
+    from ci_cleanup.bench import run
+
+    (tmp_path / "memory.max").write_text(limit)
+    monkeypatch.setattr(run, "MEMORY_LIMITS", (str(tmp_path / "memory.max"), str(tmp_path / "missing")))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    usable = min(ram, cap) if cap else ram
+
+    assert run.memory_bytes() == usable
+    mb = usable // 2**20
+    assert run.omnibus_postgres() == {"shared_buffers": f"{mb // 4}MB", "effective_cache_size": f"{mb // 2}MB",
+                                      "work_mem": "16MB", "random_page_cost": "2",
+                                      "max_parallel_workers_per_gather": "0"}

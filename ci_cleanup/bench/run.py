@@ -234,8 +234,22 @@ deployed_vs_direct_max={max(f.deployed_vs_direct for f in measured):.2f}
 """
 
 
+MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
+def memory_bytes() -> int:
+    """The machine's RAM, or the memory its container may use when that is less."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in MEMORY_LIMITS:
+        try:
+            ram = min(ram, int(Path(limit).read_text()))
+        except (OSError, ValueError):  # not this cgroup version, or no limit ("max")
+            pass
+    return ram
+
+
 def machine() -> str:
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    mem = memory_bytes() / 2**30
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
@@ -244,7 +258,7 @@ def omnibus_postgres() -> dict[str, str]:
     ``attributes/default.rb``): the bench's embedded PostgreSQL runs as GitLab's package runs it, not on
     PostgreSQL's defaults (128 MB of shared buffers). Omnibus' maintenance_work_mem (16 MB) is left out: it only
     slows the seed's index builds, which nothing here measures."""
-    ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    ram_mb = memory_bytes() // 2**20  # in a container, a quarter of what it may use, not of the host's RAM
     return {"shared_buffers": f"{ram_mb // 4}MB", "effective_cache_size": f"{ram_mb // 2}MB", "work_mem": "16MB",
             "random_page_cost": "2", "max_parallel_workers_per_gather": "0"}
 
