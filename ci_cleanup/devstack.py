@@ -137,9 +137,9 @@ class EmbeddedStack:
         engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
-                known = set(conn.scalars(text("SELECT name FROM pg_settings")))
-                for name in settings.keys() - known:
-                    raise ValueError(f"{name!r} is not a PostgreSQL setting")
+                unknown = sorted(settings.keys() - set(conn.scalars(text("SELECT name FROM pg_settings"))))
+                if unknown:
+                    raise ValueError(f"{', '.join(map(repr, unknown))}: not a PostgreSQL setting")
                 for name, value in settings.items():
                     if value is None:
                         conn.execute(text(f"ALTER SYSTEM RESET {name}"))

@@ -197,7 +197,7 @@ def test_the_stack_keeps_postgresql_settings_and_restarts_for_those_read_at_star
         assert settings(faults, "shared_buffers", "work_mem") == ["64MB", "8MB"]
         assert faults.postgres_pid == restarted  # reloaded, not restarted
 
-        with pytest.raises(ValueError, match="^'shared_bufers' is not a PostgreSQL setting$"):
+        with pytest.raises(ValueError, match="^'shared_bufers': not a PostgreSQL setting$"):
             faults.configure({"work_mem": "32MB", "shared_bufers": "1GB"})
         assert settings(faults, "shared_buffers", "work_mem") == ["64MB", "8MB"]
     finally:
