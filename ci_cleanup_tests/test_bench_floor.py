@@ -175,9 +175,12 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     for name in ("CI_CLEANUP_DAGSTER_PG_URL", "DAGSTER_HOME"):
         monkeypatch.setenv(name, env[name])
     builds = _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds")
-    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path,
-                                 log=lambda message: None)
+    logged = []
+    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path, log=logged.append)
     assert figures.rows == 50 and figures.batches == 1
+    # Each contender once untimed first (the warm-up), then the two rounds counted.
+    assert [line.split(":")[0] for line in logged[:4]] == [
+        f"  drop_canceling_builds warm-up {c}" for c in launched.CONTENDERS] + ["  drop_canceling_builds round 1 job"]
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
     assert len(figures.idle) == len(figures.bare) == launched.IDLE_RUNS and figures.idle_s > 0
     # After the idle runs (on the tables without the candidates: they changed nothing, below), the candidates are
@@ -195,7 +198,7 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         assert [r.dagster_run.status for r in bare] == [DagsterRunStatus.SUCCESS] * launched.IDLE_RUNS
         jobs = instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"))
         assert sorted(r.dagster_run.tags["ci_cleanup/rows_changed"] for r in jobs) == ["0"] * launched.IDLE_RUNS + [
-            "50", "50"]
+            "50"] * 3  # the warm-up and two rounds
         for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)
 
