@@ -438,11 +438,54 @@ def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
     assert "index_project_export_jobs_on_status" in counted and "pkey" not in counted
 
 
+def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_after_the_cursor(
+    stack, engine, redis_client, monkeypatch
+):
+    """200 k finished exports, then 2,500 queued ones, the newest (as a backlog is), a tenth of the rows since moved by
+    an update (as a live table's are). Through GitLab's status index PostgreSQL would read every enqueued job after
+    the cursor and sort them, for each page; walked, a page reads its own 1000 rows."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO project_export_jobs (project_id, created_at, updated_at, status, jid) "
+            "SELECT g, now(), now(), CASE WHEN g > 200000 THEN 0 ELSE 2 END, 'jid-' || g "
+            "FROM generate_series(1, 202500) g"
+        ))
+        conn.execute(text("UPDATE project_export_jobs SET updated_at = now() WHERE id % 10 = 0"))
+        conn.execute(text("ANALYZE project_export_jobs"))
+        enqueued = service.count_enqueued(conn, S)
+        query = service.enqueued_exports_query(S, enqueued.first_id + 750, 1000, walk=True)
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {query.compile(conn, compile_kwargs={'literal_binds': True})}"))
+                         .scalars())
+    assert (enqueued.count, enqueued.last_id - enqueued.first_id, enqueued.dense) == (2500, 2499, True)
+    assert "Index Scan using project_export_jobs_pkey" in plan and "Sort" not in plan, plan
+    pages = []
+    read = service.enqueued_exports
+    monkeypatch.setattr(service, "enqueued_exports", lambda conn, schema, after_id, limit, walk=False: (
+        pages.append((after_id, walk)) or read(conn, schema, after_id, limit, walk=walk)))
+
+    result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, grace_cutoff=ago(hours=6),
+                                               first_id=enqueued.first_id, walk=enqueued.dense)
+
+    assert (result.stuck, result.chunks) == (2500, 3)
+    assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == []
+    assert pages == [(enqueued.first_id - 1 + n, True) for n in (0, 1000, 2000, 2500)]
+
+
+def test_enqueued_jobs_spread_over_the_ids_are_paged_through_gitlabs_status_index(stack, engine):
+    first, last = export_job(engine, "jid-first", QUEUED), export_job(engine, "jid-last", STARTED, id=1000)
+    export_job(engine, "jid-done", FINISHED, id=500)
+    with engine.connect() as conn:
+        enqueued = service.count_enqueued(conn, S)
+    assert enqueued == (2, first, last) and not enqueued.dense
+    # One in four ids between the first and the last: dense enough to walk.
+    assert service.Enqueued(250, 1, 1000).dense and not service.Enqueued(249, 1, 1000).dense
+
+
 def test_pages_start_at_the_first_enqueued_job_counted_by_the_first_op(stack, engine, redis_client):
     finished = [export_job(engine, f"jid-done-{i}", FINISHED) for i in range(3)]
     first, second = export_job(engine, "jid-first", QUEUED), export_job(engine, "jid-second", STARTED)
     with engine.connect() as conn:
-        assert service.count_enqueued(conn, S) == (2, first)
+        assert service.count_enqueued(conn, S) == (2, first, second)
         # Given a later first id (as if the first job had been counted and finished), the pages start there.
         result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, grace_cutoff=ago(hours=6),
                                                    first_id=second)
@@ -450,10 +493,10 @@ def test_pages_start_at_the_first_enqueued_job_counted_by_the_first_op(stack, en
     assert ids(engine, "project_export_jobs", J.c.status == QUEUED) == [first]
     assert ids(engine, "project_export_jobs", J.c.status == FINISHED) == finished
     with engine.connect() as conn:
-        assert service.count_enqueued(conn, S) == (1, first)
+        assert service.count_enqueued(conn, S) == (1, first, first)
 
     run_job(stuck_export_jobs, stack)
 
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [first, second]
     with engine.connect() as conn:
-        assert service.count_enqueued(conn, S) == (0, None)
+        assert service.count_enqueued(conn, S) == (0, None, None)

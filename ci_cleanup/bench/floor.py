@@ -120,7 +120,8 @@ EXPORTS = """WITH failed AS (
     AND NOT (j.created_at > %(grace_cutoff)s
              AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id))
   RETURNING 1),
-page AS (SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > %(after)s ORDER BY id LIMIT %(limit)s)
+page AS (SELECT id, jid FROM project_export_jobs WHERE (status + 0) IN (0, 1) AND id > %(after)s ORDER BY id
+          LIMIT %(limit)s)  -- the primary key walked, as the job's pages of a backlog
 SELECT (SELECT count(*) FROM failed), array_agg(id ORDER BY id), array_agg(jid ORDER BY id) FROM page"""
 
 

@@ -158,9 +158,10 @@ def stale_per_row(engine, client, on_batch):
 
 def exports_job(engine, client, on_batch):
     with engine.connect() as conn:  # the job's first op
-        first_id = stuck_exports.count_enqueued(conn, S).first_id
+        enqueued = stuck_exports.count_enqueued(conn, S)
     return stuck_exports.mark_stuck_jobs_as_failed(
-        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=first_id,
+        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=enqueued.first_id,
+        walk=enqueued.dense,
         on_chunk=lambda chunk, outcome: on_batch(),
     ).stuck
 

@@ -42,6 +42,7 @@ class StuckExportPlan:
     chunk_size: int
     candidates: int
     first_id: int | None = None
+    walk: bool = False  # the pages walk the primary key (a dense backlog)
 
 
 @op
@@ -59,7 +60,7 @@ def find_enqueued_export_jobs(
         {"candidates": enqueued.count, "grace_cutoff": grace_cutoff.isoformat(), **gitlab_tables,
          **begun.metadata}
     )
-    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, enqueued.count, enqueued.first_id)
+    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, enqueued.count, enqueued.first_id, enqueued.dense)
 
 
 @op
@@ -97,7 +98,8 @@ def fail_chunks(
         return service.mark_stuck_jobs_as_failed(
             gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
             grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
-            max_ids=MAX_IDS_REPORTED, first_id=plan.first_id, on_chunk=on_chunk, report_error=report_error,
+            max_ids=MAX_IDS_REPORTED, first_id=plan.first_id, walk=plan.walk, on_chunk=on_chunk,
+            report_error=report_error,
         )
 
 

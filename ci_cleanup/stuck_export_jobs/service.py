@@ -5,15 +5,15 @@ in one pipelined EXISTS per chunk which of their jids are completed (status key 
 those still queued or started under the same jid (a job may have finished or been re-enqueued
 meanwhile), sparing parallel exports inside their 6-hour grace. The worker re-reads the rows, then
 fails each in its own transaction; here the re-read's rule is written once (:func:`_checked_and_outcome`):
-one UPDATE per chunk carries it, the jobs it did not fail are re-read to say why, and a chunk the
-database refuses is failed job by job by the same UPDATE for one job.
+one UPDATE per chunk carries it and says why it spared the others, and a chunk the database refuses is
+failed job by job by the same UPDATE for one job.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,6 +29,7 @@ from sqlalchemy import (
     case,
     exists,
     func,
+    literal_column,
     or_,
     select,
     update,
@@ -120,18 +121,28 @@ class StuckResult:
         self.stuck_jids += [job.jid for job in stuck[:room]]
 
 
-def enqueued_exports_query(schema: GitLabSchema, after_id, limit) -> Select:
-    """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit``: a keyset page on the partial id index."""
+def enqueued_exports_query(schema: GitLabSchema, after_id, limit, *, walk: bool = False) -> Select:
+    """``status IN (0, 1) AND id > :after_id ORDER BY id LIMIT :limit``: a keyset page.
+
+    ``walk`` (when the enqueued jobs are :attr:`Enqueued.dense`): ``(status + 0) IN (0, 1)``, so that GitLab's
+    status index is left out and the page is the primary key walked from ``:after_id`` until ``:limit`` enqueued
+    jobs are found. PostgreSQL takes the enqueued jobs to be spread over all ids, when a backlog is mostly the
+    newest ids, and once the table's rows have moved by their updates it reads every enqueued job after the cursor
+    through the status index and sorts them, for each page: 16.6 ms for a page halfway through the bench's 100 k
+    enqueued jobs, 0.9 ms walking the key; a run's pages cost the square of its backlog. Walked, a run's pages
+    read the ids from the first enqueued job to the last once.
+    """
     j = schema.project_export_jobs
-    return select(j.c.id, j.c.jid).where(j.c.status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
+    status = j.c.status + literal_column("0") if walk else j.c.status
+    return select(j.c.id, j.c.jid).where(status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
 
 
 @functools.lru_cache(maxsize=8)
-def _page_statement(schema: GitLabSchema) -> Select:
+def _page_statement(schema: GitLabSchema, walk: bool) -> Select:
     """The page built once, bound per chunk (building and compiling a statement per chunk cost as much as running
     it), as one row of two arrays, ids and jids: 1000 rows cost twice as much to fetch."""
     page = enqueued_exports_query(
-        schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer)
+        schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer), walk=walk
     ).subquery("page")
     by_id = page.c.id
     return select(
@@ -139,18 +150,32 @@ def _page_statement(schema: GitLabSchema) -> Select:
     )
 
 
-def enqueued_exports(conn: Connection, schema: GitLabSchema, after_id: int, limit: int) -> list[Export]:
-    ids, jids = conn.execute(_page_statement(schema), {"after_id": after_id, "limit": limit}).one()
+def enqueued_exports(
+    conn: Connection, schema: GitLabSchema, after_id: int, limit: int, *, walk: bool = False
+) -> list[Export]:
+    ids, jids = conn.execute(_page_statement(schema, walk), {"after_id": after_id, "limit": limit}).one()
     return list(map(Export, ids or (), jids or ()))
+
+
+# The pages walk the primary key (:func:`enqueued_exports_query`) when at least one id in this many, from the first
+# enqueued job's to the last's, is enqueued: a page then reads at most this many rows per job it returns.
+WALK_DENSITY = 4
 
 
 class Enqueued(NamedTuple):
     count: int
     first_id: int | None  # the oldest enqueued job's id; None: none enqueued
+    last_id: int | None = None
+
+    @property
+    def dense(self) -> bool:
+        """Enqueued jobs are at least one id in :data:`WALK_DENSITY` between the first and the last (a backlog)."""
+        return bool(self.count) and self.count * WALK_DENSITY >= self.last_id - self.first_id + 1
 
 
 def count_enqueued(conn: Connection, schema: GitLabSchema) -> Enqueued:
-    """How many export jobs are queued or started, and the first one's id, in one scan of GitLab's status index.
+    """How many export jobs are queued or started, the first one's id and the last's, in one scan of GitLab's
+    status index.
 
     The first page then starts at that id. From 0, PostgreSQL reads it on the primary key, through every
     finished export older than the first enqueued one (2.2 million rows, 0.3 s once per run, on the bench's table);
@@ -161,7 +186,7 @@ def count_enqueued(conn: Connection, schema: GitLabSchema) -> Enqueued:
 
 def count_enqueued_query(schema: GitLabSchema) -> Select:
     j = schema.project_export_jobs
-    return select(func.count(), func.min(j.c.id)).where(j.c.status.in_(ENQUEUED))
+    return select(func.count(), func.min(j.c.id), func.max(j.c.id)).where(j.c.status.in_(ENQUEUED))
 
 
 def ask_sidekiq(queues: redis.Redis, candidates: list[Export]) -> tuple[StuckChunk, list[Export]]:
@@ -215,11 +240,13 @@ def reread_statement(schema: GitLabSchema) -> Select:
 
 @functools.lru_cache(maxsize=8)
 def fail_statement(schema: GitLabSchema) -> Select:
-    """Fail every ``(:ids, :jids)`` pair the re-read would call stuck, in one guarded UPDATE; one row, the failed ids.
+    """Fail every ``(:ids, :jids)`` pair the re-read would call stuck, in one guarded UPDATE; one row: the failed ids,
+    then the ids and outcomes of the others, as the statement's snapshot has them (the re-read, without its round trip).
 
     The re-read's rule is the UPDATE's condition: a job finished or re-enqueued after the statement's
-    snapshot is re-checked by PostgreSQL when its row lock is taken, and left as it is. The ids come
-    back as one array (``NULL`` if none), not a row each. For one pair, the per-job fallback.
+    snapshot is re-checked by PostgreSQL when its row lock is taken, and left as it is; its snapshot
+    outcome is then "stuck" (:func:`fail_completed` re-reads it). Each list comes back as one array
+    (``NULL`` if empty), not a row each. For one pair, the per-job fallback.
     """
     j = schema.project_export_jobs
     checked, outcome = _checked_and_outcome(schema)
@@ -230,7 +257,18 @@ def fail_statement(schema: GitLabSchema) -> Select:
         .returning(j.c.id)
         .cte("failed")
     )
-    return select(func.array_agg(failed.c.id))
+    checked, outcome = _checked_and_outcome(schema)  # the pairs again, beside the UPDATE: its snapshot's outcomes
+    spared = (
+        select(checked.c.id, outcome.label("outcome"))
+        .select_from(checked.outerjoin(j, _enqueued_by_id(j, checked)))
+        .where(checked.c.id.not_in(select(failed.c.id)))
+        .subquery("spared")
+    )
+    return select(
+        select(func.array_agg(failed.c.id)).scalar_subquery(),
+        func.array_agg(aggregate_order_by(spared.c.id, spared.c.id)),
+        func.array_agg(aggregate_order_by(spared.c.outcome, spared.c.id)),
+    )
 
 
 def completed_params(completed: Sequence[Export], grace_cutoff: dt.datetime) -> dict:
@@ -240,18 +278,24 @@ def completed_params(completed: Sequence[Export], grace_cutoff: dt.datetime) -> 
             "grace_cutoff": grace_cutoff}
 
 
+def _sort(chunk: StuckChunk, outcomes: Iterable[tuple[Export, str]]) -> None:
+    """Each job into ``chunk``'s list for its outcome (:func:`_checked_and_outcome`)."""
+    not_stuck = dict(left=chunk.left_meanwhile, reenqueued=chunk.reenqueued, parallel_in_grace=chunk.parallel_in_grace)
+    for job, outcome in outcomes:
+        if outcome == "stuck":
+            chunk.stuck.append(job)
+        else:
+            not_stuck[outcome].append(job.id)
+
+
 def classify(
     conn: Connection, schema: GitLabSchema, chunk: StuckChunk, jobs: list[Export], grace_cutoff: dt.datetime
 ) -> None:
-    """Read-only: re-read completed jobs and sort them into ``chunk`` (dry run, refused chunk, jobs not failed)."""
-    if not jobs:
-        return
-    not_stuck = dict(left=chunk.left_meanwhile, reenqueued=chunk.reenqueued, parallel_in_grace=chunk.parallel_in_grace)
-    for job in conn.execute(reread_statement(schema), completed_params(jobs, grace_cutoff)):
-        if job.outcome == "stuck":
-            chunk.stuck.append(Export(job.id, job.jid))
-        else:
-            not_stuck[job.outcome].append(job.id)
+    """Read-only: re-read completed jobs and sort them into ``chunk`` (dry run, refused chunk, jobs changed while
+    the update waited for them)."""
+    if jobs:
+        rows = conn.execute(reread_statement(schema), completed_params(jobs, grace_cutoff))
+        _sort(chunk, ((Export(row.id, row.jid), row.outcome) for row in rows))
 
 
 def find_stuck(
@@ -267,17 +311,19 @@ def fail_completed(
     conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Export], grace_cutoff: dt.datetime,
     now: dt.datetime,
 ) -> FailOutcome:
-    """Fail the chunk's completed jobs in one statement (all or nothing); re-read only the ones it did not fail.
+    """Fail the chunk's completed jobs in one statement (all or nothing), which says why it spared the others.
 
-    Usually every completed job is stuck and failed: the chunk costs one statement, as plain SQL would.
-    The others are re-read to say why (left, re-enqueued, in grace); one still stuck when re-read was
-    changed and changed back while the update waited for it (changed meanwhile).
+    The chunk costs one statement, as plain SQL would. A job the statement's snapshot called stuck but the update
+    did not fail was changed while the update waited for it: only those are re-read; one still stuck then was
+    changed and changed back (changed meanwhile).
     """
     if not completed:
         return FailOutcome()
-    failed_ids = _fail(conn, schema, completed, grace_cutoff, now)
+    failed_ids, spared = _fail(conn, schema, completed, grace_cutoff, now)
     outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids])
-    classify(conn, schema, chunk, [job for job in completed if job.id not in failed_ids], grace_cutoff)
+    spared_jobs = [job for job in completed if job.id in spared]
+    _sort(chunk, ((job, spared[job.id]) for job in spared_jobs if spared[job.id] != "stuck"))
+    classify(conn, schema, chunk, [job for job in spared_jobs if spared[job.id] == "stuck"], grace_cutoff)
     outcome.changed_meanwhile = [job.id for job in chunk.stuck]
     chunk.stuck = outcome.failed + chunk.stuck
     return outcome
@@ -285,9 +331,13 @@ def fail_completed(
 
 def _fail(
     conn: Connection, schema: GitLabSchema, jobs: Sequence[Export], grace_cutoff: dt.datetime, now: dt.datetime
-) -> set[int]:
-    """Run :func:`fail_statement` for these ``(id, jid)`` rows, in the caller's transaction: the ids it failed."""
-    return set(conn.scalar(fail_statement(schema), {**completed_params(jobs, grace_cutoff), "now": now}) or ())
+) -> tuple[set[int], dict[int, str]]:
+    """Run :func:`fail_statement` for these ``(id, jid)`` rows, in the caller's transaction: the ids it failed, and
+    the others' outcomes by id."""
+    failed, spared, outcomes = conn.execute(
+        fail_statement(schema), {**completed_params(jobs, grace_cutoff), "now": now}
+    ).one()
+    return set(failed or ()), dict(zip(spared or (), outcomes or ()))
 
 
 def fail_stuck_one_by_one(
@@ -300,7 +350,7 @@ def fail_stuck_one_by_one(
     for job in stuck:
         try:
             with conn.begin():
-                failed = _fail(conn, schema, [job], grace_cutoff, now)
+                failed, _ = _fail(conn, schema, [job], grace_cutoff, now)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -345,19 +395,23 @@ def mark_stuck_jobs_as_failed(
     dry_run: bool = False,
     max_ids: int = 1000,
     first_id: int | None = None,
+    walk: bool = False,
     on_chunk: Callable[[StuckChunk, FailOutcome | None], None] = lambda chunk, outcome: None,
     report_error: Callable[[int, BaseException], None] = lambda job_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> StuckResult:
     """The worker's ``mark_stuck_jobs_as_failed!``, ``chunk_size`` jobs at a time by id (a million queued rows never
     load at once), from ``first_id`` (:func:`count_enqueued`'s; a job enqueued since has a higher id), else from
-    the first id; in a dry run, find the stuck jobs and write nothing."""
+    the first id; ``walk``: the pages walk the primary key (:func:`enqueued_exports_query`), for a dense backlog
+    (:attr:`Enqueued.dense`); in a dry run, find the stuck jobs and write nothing."""
     result = StuckResult(max_ids=max_ids)
     after_id = (first_id or 1) - 1
-    with engine.connect() as conn:  # one connection for the run; no transaction open while Redis is asked
+    # One connection for the run, in autocommit: each statement is its own transaction (``begin()`` sends nothing),
+    # and none is open while Redis is asked.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         while True:
             with conn.begin():
-                candidates = enqueued_exports(conn, schema, after_id, chunk_size)
+                candidates = enqueued_exports(conn, schema, after_id, chunk_size, walk=walk)
             if not candidates:
                 return result
             chunk, completed = ask_sidekiq(queues, candidates)
