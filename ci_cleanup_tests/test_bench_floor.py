@@ -4,6 +4,7 @@ sees a difference; one job launched as operators run it, against its floor (a sc
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import shutil
 
@@ -292,3 +293,11 @@ def test_the_bench_sets_postgresql_from_the_memory_its_container_may_use(tmp_pat
     assert run.omnibus_postgres() == {"shared_buffers": f"{mb // 4}MB", "effective_cache_size": f"{mb // 2}MB",
                                       "work_mem": "16MB", "random_page_cost": "2",
                                       "max_parallel_workers_per_gather": "0"}
+
+
+def test_each_contender_takes_every_place_in_the_rounds_order():
+    three = ("job", "floor", "service")
+    orders = [launched.round_order(three, r) for r in range(6)]
+    assert sorted(orders) == sorted(itertools.permutations(three))  # the middle one is not always in the middle
+    assert [launched.round_order(("job", "deployed"), r) for r in range(4)] == [
+        ("job", "deployed"), ("deployed", "job"), ("deployed", "job"), ("job", "deployed")]

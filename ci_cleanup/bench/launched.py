@@ -5,7 +5,7 @@ decide: queued builds, relation exports in their grace, running Sidekiq jobs, en
 actions), and the rows the job may change are copied to templates (schema ``bench_template``). Each
 round then runs three contenders, each from the same reset state (the candidates restored from the
 templates with triggers off, ``session_replication_role = replica``, so ids and side tables are exactly
-as before), in an order that alternates from round to round:
+as before), in an order that changes from round to round (:func:`round_order`):
 
 - ``job``: ``dagster job execute -m ci_cleanup -j JOB`` in a subprocess, on the repo's ``dagster.yaml``
   (PostgreSQL storage, the job's own executor), timed from launch to the run's ``RUN_SUCCESS``
@@ -308,9 +308,18 @@ def launch(env: dict[str, str], job: str, log_dir: Path, location: tuple[str, st
     return record.end_time - launched, record.end_time - record.start_time, exited - launched, rows
 
 
+def round_order(contenders: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Round ``r``'s order: the contenders rotated by ``r``, reversed in every other cycle of rotations. Each contender
+    takes every place in turn, after each of the others; reversing every other round alone kept the middle one of
+    three in the middle in every round."""
+    n = len(contenders)
+    rotated = contenders[r % n:] + contenders[:r % n]
+    return rotated if (r // n) % 2 == 0 else tuple(reversed(rotated))
+
+
 def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print,
               deployed_env: dict[str, str] | None = None, contenders: tuple[str, ...] = CONTENDERS) -> Launched:
-    """``contenders`` in alternating order each round (with "deployed" when ``deployed_env`` is given), then the
+    """``contenders`` in a changing order each round (with "deployed" when ``deployed_env`` is given), then the
     job's idle runs when the floor is among them (they only serve the comparison with the floor)."""
     figures = Launched(job, n)
     contenders = (*contenders, DEPLOYED) if deployed_env else contenders
@@ -341,7 +350,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
             log(f"  {job} warm-up {contender}: {run_contender(contender)[0]:.2f} s (not counted)")
         expected = None
         for r in range(rounds):
-            order = contenders if r % 2 == 0 else tuple(reversed(contenders))
+            order = round_order(contenders, r)
             for contender in order:
                 reset(cur, job, before)
                 seconds, run_s, rows = run_contender(contender)
