@@ -415,25 +415,33 @@ def test_schedule_runs_at_30_past_every_hour_utc():
     assert stuck_export_jobs_schedule.job_name == "stuck_export_jobs"
 
 
+def many_export_jobs(conn, rows: int, status_sql: str) -> None:
+    """``rows`` export jobs, job g's status ``status_sql`` (g, a number from 1); the planner's statistics then
+    theirs, not the ones an earlier test's rows left (emptying a table keeps them)."""
+    conn.execute(text(
+        "INSERT INTO project_export_jobs (project_id, created_at, updated_at, status, jid) "
+        f"SELECT g, now(), now(), {status_sql}, 'jid-' || g FROM generate_series(1, {rows}) g"
+    ))
+    conn.execute(text("ANALYZE project_export_jobs"))
+
+
+def plan(conn, query) -> str:
+    """PostgreSQL's plan for ``query``, its parameters written in."""
+    return "\n".join(conn.execute(text(f"EXPLAIN {query.compile(conn, compile_kwargs={'literal_binds': True})}"))
+                     .scalars())
+
+
 def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
-    # The planner's statistics of GitLab's mix (nearly every export finished, a few queued or started), not the
-    # ones an earlier test's rows left: emptying a table keeps them, and with many enqueued rows the primary key wins.
+    # GitLab's mix: nearly every export finished, a few queued or started (with many enqueued rows the primary key
+    # wins).
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO project_export_jobs (project_id, created_at, updated_at, status, jid) "
-            "SELECT g, now(), now(), CASE WHEN g % 1000 = 0 THEN g % 2 ELSE 2 END, 'jid-' || g "
-            "FROM generate_series(1, 20000) g"
-        ))
-        conn.execute(text("ANALYZE project_export_jobs"))
-    def plan(query) -> str:
-        compiled = query.compile(engine, compile_kwargs={"literal_binds": True})
-        return "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+        many_export_jobs(conn, 20000, "CASE WHEN g % 1000 = 0 THEN g % 2 ELSE 2 END")
 
     with engine.connect() as conn:
         # The first op's count and first id: the status index, never min(id) read on the primary key.
-        counted = plan(service.count_enqueued_query(S))
+        counted = plan(conn, service.count_enqueued_query(S))
         conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
-        page = plan(service.enqueued_exports_query(S, after_id=0, limit=1000))
+        page = plan(conn, service.enqueued_exports_query(S, after_id=0, limit=1000))
     assert "index_project_export_jobs_on_status" in page
     assert "index_project_export_jobs_on_status" in counted and "pkey" not in counted
 
@@ -445,19 +453,13 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
     an update (as a live table's are). Through GitLab's status index PostgreSQL would read every enqueued job after
     the cursor and sort them, for each page; walked, a page reads its own 1000 rows."""
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO project_export_jobs (project_id, created_at, updated_at, status, jid) "
-            "SELECT g, now(), now(), CASE WHEN g > 200000 THEN 0 ELSE 2 END, 'jid-' || g "
-            "FROM generate_series(1, 202500) g"
-        ))
+        many_export_jobs(conn, 202500, "CASE WHEN g > 200000 THEN 0 ELSE 2 END")
         conn.execute(text("UPDATE project_export_jobs SET updated_at = now() WHERE id % 10 = 0"))
-        conn.execute(text("ANALYZE project_export_jobs"))
+        conn.execute(text("ANALYZE project_export_jobs"))  # the moved rows' statistics
         enqueued = service.count_enqueued(conn, S)
-        query = service.enqueued_exports_query(S, enqueued.first_id + 750, 1000, walk=True)
-        plan = "\n".join(conn.execute(text(f"EXPLAIN {query.compile(conn, compile_kwargs={'literal_binds': True})}"))
-                         .scalars())
+        walked = plan(conn, service.enqueued_exports_query(S, enqueued.first_id + 750, 1000, walk=True))
     assert (enqueued.count, enqueued.last_id - enqueued.first_id, enqueued.dense) == (2500, 2499, True)
-    assert "Index Scan using project_export_jobs_pkey" in plan and "Sort" not in plan, plan
+    assert "Index Scan using project_export_jobs_pkey" in walked and "Sort" not in walked, walked
     pages = []
     read = service.enqueued_exports
     monkeypatch.setattr(service, "enqueued_exports", lambda conn, schema, after_id, limit, walk=False: (

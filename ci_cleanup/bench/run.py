@@ -294,8 +294,8 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 the same reset state (the candidates restored from a template with triggers off, then vacuumed: no dead rows of the
 run before, no autovacuum starting mid-run; then checkpointed: the reset's writes on disk before the run, not in a
 checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every
-other cycle: each contender takes every place in turn); every run must leave the
-tables exactly as the first one did (digest of the changed tables, asserted).
+other cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one
+did (digest of the changed tables, asserted).
 
 - "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
