@@ -306,8 +306,14 @@ def batch_statement(schema: GitLabSchema) -> Select:
     """On one database, a batch in one statement: the three above, each fed by the one before instead of by
     parameters. Picked and locked (:func:`pick_statement`), their stop actions played
     (:func:`_stop_actions_per_environment`), their states written (:func:`_states`: those with stop actions
-    ``stopping``, the others ``stopped``). One row per picked environment, in the cursor's order: ``id``,
-    ``auto_stop_setting``, ``cursor_at``, ``has_actions``, ``played`` and the ``outcome`` written (NULL: none)."""
+    ``stopping``, the others ``stopped``).
+
+    One row, its arrays in the cursor's order (an element per picked environment; NULL when none was picked):
+    ``ids``, ``auto_stop_settings``, ``has_actions`` and the ``outcomes`` written (NULL: none); then ``played``, the
+    stop actions played (one shared by environments once per environment), and ``cursor_at``, the last
+    environment's. A row per environment cost the client 0.24 ms more per 100-row batch (a run's client CPU 0.94 s
+    against 0.70 s for 1,001 batches; the floor's is 0.26 s): psycopg2 parsed 100 rows and SQLAlchemy made a Row
+    of each, where four arrays are parsed in C."""
     pick = pick_statement(schema)
     picked = pick.add_columns(schema.environments.c.auto_stop_at).cte("picked")
     wanted = (
@@ -320,13 +326,22 @@ def batch_statement(schema: GitLabSchema) -> Select:
     written = _states(
         schema, func.array(select(found.c.environment_id).scalar_subquery()), func.array(without.scalar_subquery())
     ).cte("written")
-    return (
-        select(picked.c.id, picked.c.auto_stop_setting, picked.c.cursor_at,
-               found.c.environment_id.is_not(None).label("has_actions"), found.c.played, written.c.outcome)
-        .select_from(picked.outerjoin(found, found.c.environment_id == picked.c.id)
-                     .outerjoin(written, written.c.id == picked.c.id))
-        .order_by(picked.c.auto_stop_at, picked.c.id)
-    )
+
+    def in_order(column):
+        return func.array_agg(aggregate_order_by(column, picked.c.auto_stop_at, picked.c.id))
+
+    played = func.unnest(found.c.played).table_valued("played_id").render_derived().lateral("played_ids")
+    last = picked.c.auto_stop_at.desc(), picked.c.id.desc()
+    return select(
+        in_order(picked.c.id).label("ids"), in_order(picked.c.auto_stop_setting).label("auto_stop_settings"),
+        in_order(found.c.environment_id.is_not(None)).label("has_actions"),
+        in_order(written.c.outcome).label("outcomes"),
+        # Both over their whole CTE, not correlated with the outer query's row.
+        select(func.array_agg(played.c.played_id)).select_from(found.join(played, true())).correlate(None)
+        .scalar_subquery().label("played"),
+        select(picked.c.cursor_at).order_by(*last).limit(1).correlate(None).scalar_subquery().label("cursor_at"),
+    ).select_from(picked.outerjoin(found, found.c.environment_id == picked.c.id)
+                  .outerjoin(written, written.c.id == picked.c.id))
 
 
 def _cursor(rows) -> tuple | None:
@@ -449,20 +464,21 @@ def _started(played: Iterable[list[int] | None]) -> list[int]:
 def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime, params: dict) -> tuple[
         BatchOutcome, tuple | None]:
     """On one database, the next batch in one statement (:func:`batch_statement`) and its transaction; what the
-    database refuses is raised, nothing of the batch written. Its rows are unpacked as tuples (a Row's named
-    attribute costs about 0.5 µs, ten times a tuple's index).
+    database refuses is raised, nothing of the batch written.
 
     On an autocommit connection (the run's, see :func:`auto_stop_environments`) the statement is its own
     transaction: one round trip instead of three (BEGIN, the statement, COMMIT).
     """
     with main.begin():  # on an autocommit connection, SQLAlchemy's bookkeeping only: nothing is sent
-        picked = main.execute(batch_statement(schema), {**params, "naive_now": naive_utc(now)}).all()
-    batch, played = BatchOutcome(), []
-    for env_id, auto_stop_setting, _, has_actions, env_played, written in picked:
-        batch.ids[_outcome(_planned(has_actions, auto_stop_setting, play=True), written)].append(env_id)
-        played.append(env_played)
-    batch.stop_actions_started = _started(played)
-    return batch, _cursor(picked)
+        ids, settings, has_actions, written, played, cursor_at = main.execute(
+            batch_statement(schema), {**params, "naive_now": naive_utc(now)}).one()
+    batch = BatchOutcome()
+    if ids is None:
+        return batch, None
+    for env_id, auto_stop_setting, has, outcome in zip(ids, settings, has_actions, written):
+        batch.ids[_outcome(_planned(has, auto_stop_setting, play=True), outcome)].append(env_id)
+    batch.stop_actions_started = _started([played])
+    return batch, (cursor_at, ids[-1])
 
 
 def stop_next_batch(
