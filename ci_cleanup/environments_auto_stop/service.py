@@ -56,7 +56,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, insert
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.schema import (
@@ -344,6 +344,18 @@ def batch_statement(schema: GitLabSchema) -> Select:
                   .outerjoin(written, written.c.id == picked.c.id))
 
 
+@functools.lru_cache(maxsize=8)
+def compiled_batch_statement(schema: GitLabSchema, dialect: Dialect) -> tuple[str, dict]:
+    """:func:`batch_statement` compiled once for ``dialect``: its SQL and its fixed parameters (statuses, names).
+
+    Executed as driver SQL: SQLAlchemy would otherwise build the statement's cache key again for each batch, 0.18 ms
+    of a batch's client work for this statement. Its parameters need no conversion (datetimes, text and integers,
+    which psycopg2 binds itself), and its arrays come back as lists from psycopg2.
+    """
+    compiled = batch_statement(schema).compile(dialect=dialect)
+    return str(compiled), compiled.params
+
+
 def _cursor(rows) -> tuple | None:
     """The cursor after a batch: its last row's (auto_stop_at as text, id); None when the batch was empty."""
     return (rows[-1].cursor_at, rows[-1].id) if rows else None
@@ -470,8 +482,9 @@ def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime,
     transaction: one round trip instead of three (BEGIN, the statement, COMMIT).
     """
     with main.begin():  # on an autocommit connection, SQLAlchemy's bookkeeping only: nothing is sent
-        ids, settings, has_actions, written, played, cursor_at = main.execute(
-            batch_statement(schema), {**params, "naive_now": naive_utc(now)}).one()
+        statement, fixed = compiled_batch_statement(schema, main.dialect)
+        ids, settings, has_actions, written, played, cursor_at = main.exec_driver_sql(
+            statement, {**fixed, **params, "naive_now": naive_utc(now)}).one()
     batch = BatchOutcome()
     if ids is None:
         return batch, None
