@@ -9,7 +9,8 @@ import threading
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import text
+from sqlalchemy import JSON, bindparam, select, text
+from sqlalchemy.dialects.postgresql import psycopg2
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.environments_auto_stop import service
@@ -71,6 +72,16 @@ def assert_stopped(engine, env_id: int) -> None:
     env = row(engine, "environments", env_id)
     assert (env.state, env.auto_stop_at) == ("stopped", None)
     assert near_now(env.updated_at)
+
+
+def test_the_batch_statement_runs_as_driver_sql_only_while_no_parameter_needs_converting(monkeypatch):
+    dialect = psycopg2.dialect()
+    statement, fixed = service.compiled_batch_statement.__wrapped__(S, dialect)
+    assert "%(after_at)s" in statement and "%(naive_now)s" in statement
+    assert (fixed["state_1"], fixed["type_1"], fixed["now"]) == ("available", "Ci::Build", None)
+    monkeypatch.setattr(service, "batch_statement", lambda schema: select(bindparam("flags", type_=JSON)))
+    with pytest.raises(TypeError, match=r"\['flags'\] need SQLAlchemy's conversion"):
+        service.compiled_batch_statement.__wrapped__(S, dialect)
 
 
 def test_plain_environment_is_stopped(stack, engine, redis_client):
