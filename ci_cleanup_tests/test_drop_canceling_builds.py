@@ -199,7 +199,34 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
     assert_untouched(engine, touched, touched_row)
     assert_dropped(engine, retried, lock_version=2)  # still outdated and canceling: retried, as GitLab does
     assert sorted(outcome.changed_concurrently) == [canceled, touched]
-    assert [b.id for b in outcome.dropped] == [retried]
+    assert outcome.dropped == [service.Dropped(retried, runner_id=99, status="canceling")]  # as read back
+
+
+def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_picked_again(stack, engine):
+    """A build the batch picks and its UPDATE passes over (here a trigger skips its row, as a change and its undoing
+    while we waited would) is left as it is, reported changed concurrently, and not picked again in the run."""
+    skipped = outdated(engine, runner_id=7)
+    dropped = outdated(engine, runner_id=8)
+    ci = on(engine, "ci_builds")
+    with ci.begin() as conn:
+        conn.execute(text(f"""
+            CREATE FUNCTION skip_update() RETURNS trigger AS $$ BEGIN
+              IF NEW.id = {skipped} THEN RETURN NULL; END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER skip_update BEFORE UPDATE ON p_ci_builds FOR EACH ROW EXECUTE FUNCTION skip_update();
+        """))
+    before = row(engine, "ci_builds", skipped)
+    batches = []
+    try:
+        result = service.drop_canceling_builds(ci, S, cutoff=utc_now() - service.TIMEOUT, on_batch=batches.append)
+    finally:
+        with ci.begin() as conn:
+            conn.execute(text("DROP TRIGGER skip_update ON p_ci_builds; DROP FUNCTION skip_update()"))
+
+    assert row(engine, "ci_builds", skipped) == before
+    assert_dropped(engine, dropped)
+    assert [(b.dropped, b.changed_concurrently) for b in batches] == [([service.Dropped(dropped, 8)], [skipped])]
+    assert (result.batches, result.dropped, result.changed_concurrently) == (1, 1, 1)
 
 
 def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
