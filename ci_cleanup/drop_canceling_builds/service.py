@@ -13,7 +13,6 @@ import datetime as dt
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -26,10 +25,11 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    literal,
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -46,19 +46,11 @@ TIMEOUT = dt.timedelta(hours=1)
 BATCH_SIZE = 100
 
 
-class Dropped(NamedTuple):
-    """A build dropped, as the service logs it: its id, its runner and the status it was read in."""
-
-    id: int
-    runner_id: int | None
-    status: str = "canceling"
-
-
 @dataclass
 class BatchOutcome:
     """One batch, as the service logs it ("Dropping outdated build": build_id, runner_id, status, failure_reason)."""
 
-    dropped: list[Dropped] = field(default_factory=list)
+    dropped: list[Row] = field(default_factory=list)
     doomed: list[tuple[int, str]] = field(default_factory=list)  # (build id, the error that doomed it)
     changed_concurrently: list[int] = field(default_factory=list)
     left: list[int] = field(default_factory=list)  # still canceling: neither dropped nor doomed
@@ -127,15 +119,12 @@ def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime
 def drop_statement(
     schema: GitLabSchema, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE
 ) -> Select:
-    """Pick builds and drop them, in one statement; one row: ``ids`` (the builds picked, in their order),
-    ``dropped_ids`` and their ``runner_ids`` (in step; NULL when none was dropped).
+    """Pick builds and drop them, in one statement; one row per build picked, ``dropped`` or not.
 
     ``WITH picked AS (<the next :limit candidates>), dropped AS (UPDATE … SET status = 'failed',
     failure_reason = …, finished_at = coalesce(finished_at, :now), updated_at = :now, lock_version + 1
     WHERE id = ANY(ARRAY(picked ids)) AND <still outdated and canceling> RETURNING …), left_pending AS
-    (DELETE FROM ci_pending_builds …), left_running AS (…) SELECT <arrays>``. Arrays, each read from its CTE, not
-    a row per build joined back to the picked ones: psycopg2 parses an array in C, where SQLAlchemy made a Row of
-    each of 100 rows.
+    (DELETE FROM ci_pending_builds …), left_running AS (…) SELECT … FROM picked LEFT JOIN dropped``.
 
     A build changed by someone else after the statement's snapshot is re-checked by PostgreSQL when
     its row is locked (EvalPlanQual): one that stopped being a candidate is never overwritten, one
@@ -171,23 +160,23 @@ def drop_statement(
     # A build leaving `canceling` for `failed` leaves GitLab's pending and running queues too.
     left_pending = delete(pending).where(pending.c.build_id.in_(select(dropped.c.id))).cte("left_pending")
     left_running = delete(running).where(running.c.build_id.in_(select(dropped.c.id))).cte("left_running")
-    in_order = aggregate_order_by(picked.c.id, picked.c.created_at, picked.c.project_id, picked.c.id)
-    # One aggregation over dropped: its two arrays in step.
-    written = select(
-        func.array_agg(dropped.c.id).label("dropped_ids"), func.array_agg(dropped.c.runner_id).label("runner_ids")
-    ).subquery("written")
-    return select(
-        select(func.array_agg(in_order)).scalar_subquery().label("ids"), written.c.dropped_ids, written.c.runner_ids
-    ).add_cte(left_pending, left_running)
+    return (
+        select(
+            picked.c.id, dropped.c.runner_id,
+            literal("canceling").label("status"),  # the service logs the status a build was read in
+            dropped.c.id.is_not(None).label("dropped"),
+        )
+        .select_from(picked.outerjoin(dropped, dropped.c.id == picked.c.id))
+        .add_cte(left_pending, left_running)
+        .order_by(picked.c.created_at, picked.c.project_id, picked.c.id)
+    )
 
 
-def _drop(conn: Connection, statement: Select, params: dict) -> tuple[list[Dropped], list[int]]:
-    """Run a drop statement in its own transaction: the builds it dropped and the ids of those it picked and left,
-    each in the order picked."""
+def _drop(conn: Connection, statement: Select, params: dict) -> tuple[list[Row], list[int]]:
+    """Run a drop statement in its own transaction: the builds it dropped, and the ids of those it picked and left."""
     with conn.begin():
-        ids, dropped_ids, runner_ids = conn.execute(statement, params).one()
-    runner_of = dict(zip(dropped_ids or (), runner_ids or ()))
-    return [Dropped(i, runner_of[i]) for i in ids or () if i in runner_of], [i for i in ids or () if i not in runner_of]
+        rows = conn.execute(statement, params).all()
+    return [r for r in rows if r.dropped], [r.id for r in rows if not r.dropped]
 
 
 def drop_builds(
