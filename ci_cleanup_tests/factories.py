@@ -30,22 +30,34 @@ def naive_ago(**delta) -> dt.datetime:
 
 
 @contextlib.contextmanager
-def updates_refused(engine: Engine, table: str, condition: str, message: str = "row is broken"):
-    """While open, PostgreSQL refuses an update of ``table`` whose new row meets ``condition`` (SQL on ``NEW``)
-    with ``message``, as it would a broken row's; the trigger is dropped afterwards."""
+def _before_update(engine: Engine, table: str, name: str, condition: str, action: str):
+    """While open, a trigger does ``action`` (PL/pgSQL) before an update of ``table`` whose new row meets
+    ``condition`` (SQL on ``NEW``); it is dropped afterwards."""
     engine = on(engine, table)
     with engine.begin() as conn:
         conn.execute(text(f"""
-            CREATE FUNCTION refuse_update() RETURNS trigger AS $$ BEGIN
-              IF {condition} THEN RAISE EXCEPTION '{message}'; END IF;
+            CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN
+              IF {condition} THEN {action}; END IF;
               RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER refuse_update BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION refuse_update();
+            CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {name}();
         """))
     try:
         yield
     finally:
         with engine.begin() as conn:
-            conn.execute(text(f"DROP TRIGGER refuse_update ON {table}; DROP FUNCTION refuse_update()"))
+            conn.execute(text(f"DROP TRIGGER {name} ON {table}; DROP FUNCTION {name}()"))
+
+
+def updates_refused(engine: Engine, table: str, condition: str, message: str = "row is broken"):
+    """While open, PostgreSQL refuses an update of ``table`` whose new row meets ``condition`` (SQL on ``NEW``)
+    with ``message``, as it would a broken row's."""
+    return _before_update(engine, table, "refuse_update", condition, f"RAISE EXCEPTION '{message}'")
+
+
+def updates_skipped(engine: Engine, table: str, condition: str):
+    """While open, PostgreSQL passes over an update of ``table`` whose new row meets ``condition`` (SQL on ``NEW``):
+    the row is left as it is and not returned, as a change and its undoing while we waited would leave it."""
+    return _before_update(engine, table, "skip_update", condition, "RETURN NULL")
 
 
 # Builds and artifacts are spread over GitLab's partitions 100 (ci_builds / ci_job_artifacts), 101 and 102

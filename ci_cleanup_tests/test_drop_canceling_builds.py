@@ -15,7 +15,7 @@ from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
-from .factories import S, create, ids, naive_ago, row, updates_refused
+from .factories import S, create, ids, naive_ago, row, updates_refused, updates_skipped
 from .harness import gitlab_database, on
 from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
@@ -208,20 +208,10 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
     skipped = outdated(engine, runner_id=7)
     dropped = outdated(engine, runner_id=8)
     ci = on(engine, "ci_builds")
-    with ci.begin() as conn:
-        conn.execute(text(f"""
-            CREATE FUNCTION skip_update() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {skipped} THEN RETURN NULL; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER skip_update BEFORE UPDATE ON p_ci_builds FOR EACH ROW EXECUTE FUNCTION skip_update();
-        """))
     before = row(engine, "ci_builds", skipped)
     batches = []
-    try:
+    with updates_skipped(engine, "p_ci_builds", f"NEW.id = {skipped}"):
         result = service.drop_canceling_builds(ci, S, cutoff=utc_now() - service.TIMEOUT, on_batch=batches.append)
-    finally:
-        with ci.begin() as conn:
-            conn.execute(text("DROP TRIGGER skip_update ON p_ci_builds; DROP FUNCTION skip_update()"))
 
     assert row(engine, "ci_builds", skipped) == before
     assert_dropped(engine, dropped)

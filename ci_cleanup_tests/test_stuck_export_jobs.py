@@ -17,7 +17,7 @@ from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
-from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused
+from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused, updates_skipped
 from .harness import gitlab_database
 from .runner import failure_messages, op_metadata, run_job
 
@@ -219,19 +219,9 @@ def test_job_still_stuck_when_re_read_but_not_failed_is_reported_changed_meanwhi
     skipped = export_job(engine, "jid-skipped", STARTED)
     stuck = export_job(engine, "jid-stuck", STARTED)
     chunk, completed = asked_sidekiq(engine, redis_client)
-    with engine.begin() as conn:
-        conn.execute(text(f"""
-            CREATE FUNCTION skip_update() RETURNS trigger AS $$ BEGIN
-              IF NEW.id = {skipped} THEN RETURN NULL; END IF;
-              RETURN NEW; END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER skip_update BEFORE UPDATE ON project_export_jobs FOR EACH ROW EXECUTE FUNCTION skip_update();
-        """))
     before = row(engine, "project_export_jobs", skipped)
-    try:
+    with updates_skipped(engine, "project_export_jobs", f"NEW.id = {skipped}"):
         outcome = fail_completed(engine, chunk, completed)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER skip_update ON project_export_jobs; DROP FUNCTION skip_update()"))
 
     assert row(engine, "project_export_jobs", skipped) == before
     assert_failed(engine, stuck)
