@@ -557,7 +557,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-daemon", action="store_true", help="skip the scheduled run through dagster-daemon")
     bench.add_argument("--work", type=int, default=20_000, help="candidates per service per measurement")
     bench.add_argument("--memory-candidates", type=int, default=1_000_000, help="candidates of the big memory run")
-    bench.add_argument("--repeats", type=int, default=3, help="service and raw SQL runs on the big tables (median)")
+    bench.add_argument("--repeats", type=int, default=3, help="service and raw SQL runs at each table size (median)")
     bench.add_argument("--jobs", help="comma-separated job names (default: all five)")
     bench.add_argument("--deployed", action="store_true",
                        help="only the launched jobs direct vs as deployed (PgBouncer, two URLs); replaces that "

@@ -2,11 +2,11 @@
 table sizes.
 
 One run, one database: background rows at ``small_rows`` (ci_builds / ci_job_artifacts; the other
-tables a tenth), then grown to ``big_rows``. Part 1, the services (no Dagster): at each size every job
-gets ``work`` fresh candidates; per-batch latency is the median time between the service's batch
-callbacks. Throughput is measured at the big size for the service, a SQLAlchemy raw SQL loop (same batch
-size) and the per-row loop (on ``work // 10`` candidates: it is the slow one). Peak memory is the Python
-heap (tracemalloc) and RSS of a subprocess running the service at 1 k and at ``memory_candidates``
+tables a tenth), then grown to ``big_rows``. Part 1, the services (no Dagster): at each size every job and its
+raw SQL loop alternate, each run on ``work`` fresh candidates (:func:`alternate`); per-batch latency is the median
+time between the service's batch callbacks. Throughput is measured at the big size for the service, a SQLAlchemy
+raw SQL loop (same batch size) and the per-row loop (on ``work // 10`` candidates: it is the slow one). Peak memory
+is the Python heap (tracemalloc) and RSS of a subprocess running the service at 1 k and at ``memory_candidates``
 candidates. Part 2 (:mod:`ci_cleanup.bench.launched`), on the big tables: every Dagster job launched as
 operators run it against its psycopg2 floor, in alternating rounds from one reset state; then each job
 launched with nothing to do, and a scheduled run through dagster-daemon with nothing to do.
@@ -82,6 +82,28 @@ def timed(engine, client, runner) -> tuple[int, float, list[float]]:
     return rows, end - marks[0], [b - a for a, b in zip(marks, marks[1:])]
 
 
+def alternate(engine: Engine, client, job: BenchJob, runs: list[tuple[str, int]], log
+              ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each run's rows per second and every batch's seconds, by way of doing it (``job``, ``raw``, ``per_row``).
+
+    At both table sizes ``runs`` alternates the job and its raw SQL loop ``repeats`` times, and each keeps its median:
+    on a shared machine one measurement can land on a busy moment (autovacuum, another process). Every run starts from
+    a CHECKPOINT, as the launched part's do: the writes before it (the seed, its candidates, the run before) on
+    disk, not in a checkpoint that falls inside some runs and not others.
+    """
+    speeds: dict[str, list[float]] = {how: [] for how, _ in runs}
+    batches_of: dict[str, list[float]] = {how: [] for how, _ in runs}
+    for how, n in runs:
+        add_candidates(engine, job, n)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("CHECKPOINT"))
+        rows, seconds, batches = timed(engine, client, getattr(job, how))
+        speeds[how].append(rows / seconds)
+        batches_of[how] += batches
+        log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
+    return speeds, batches_of
+
+
 def peak_memory(figures: Figures, size: str, url: str, redis_url: str) -> None:
     """The peak Python heap (KiB) and peak RSS (MiB) of a run of the job, in a fresh interpreter."""
     out = subprocess.run(
@@ -107,11 +129,9 @@ def bench(
     log(f"Tables at {small_rows:,} rows")
     grow(engine, small_rows, log)
     for job in selected:
-        for how, size in (("job", "small"), ("raw", "raw_small")):
-            add_candidates(engine, job, work)
-            rows, seconds, batches = timed(engine, client, getattr(job, how))
-            figures[job.name].batch_ms[size] = statistics.median(batches) * 1000
-            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
+        _, batches_of = alternate(engine, client, job, [("job", work), ("raw", work)] * repeats, log)
+        figures[job.name].batch_ms["small"], figures[job.name].batch_ms["raw_small"] = (
+            statistics.median(batches_of[how]) * 1000 for how in ("job", "raw"))
     for job in selected:  # memory at 1 k candidates, on the small tables
         add_candidates(engine, job, 1000)
         peak_memory(figures[job.name], "small", url, redis_url)
@@ -120,17 +140,8 @@ def bench(
     grow(engine, big_rows, log)
     for job in selected:
         f = figures[job.name]
-        # Job and raw SQL alternate ``repeats`` times and each keeps its median: on a shared machine one
-        # measurement can land on a busy moment (autovacuum, another process).
-        speeds: dict[str, list[float]] = {"job": [], "raw": [], "per_row": []}
-        batches_of: dict[str, list[float]] = {"job": [], "raw": [], "per_row": []}
         runs = [("job", work), ("raw", work)] * repeats + [("per_row", max(1000, work // 10))]
-        for how, n in runs:
-            add_candidates(engine, job, n)
-            rows, seconds, batches = timed(engine, client, getattr(job, how))
-            speeds[how].append(rows / seconds)
-            batches_of[how] += batches
-            log(f"  {job.name} {LABEL[how]}: {rows:,} rows in {seconds:.2f} s")
+        speeds, batches_of = alternate(engine, client, job, runs, log)
         f.rows_per_s = {how: statistics.median(values) for how, values in speeds.items()}
         f.batch_ms["big"], f.batch_ms["raw_big"] = (statistics.median(batches_of[how]) * 1000 for how in ("job", "raw"))
         add_candidates(engine, job, memory_candidates)
@@ -349,9 +360,10 @@ Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d
 ## The services: throughput, batch latency, memory
 
 {args.work:,} candidates per service and per way of doing it ({max(1000, args.work // 10):,} for the per-row loop);
-on the big tables the service and the raw SQL loop alternate {args.repeats} times, each figure the median; peak
-memory at 1,000 and {args.memory_candidates:,} candidates, of a subprocess running the service: its peak resident set
-and the peak of the Python heap traced by tracemalloc (no collection forced between batches).
+at both sizes the service and the raw SQL loop alternate {args.repeats} times, each run from a CHECKPOINT, each
+figure the median; peak memory at 1,000 and {args.memory_candidates:,} candidates, of a subprocess running the
+service: its peak resident set and the peak of the Python heap traced by tracemalloc (no collection forced between
+batches).
 
 - "raw SQL": a SQLAlchemy loop of one set-based statement per batch of the same size (not the floor above);
   "per-row": read each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!`).
