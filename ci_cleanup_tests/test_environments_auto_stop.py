@@ -80,7 +80,7 @@ def test_the_batch_statement_runs_as_driver_sql_only_while_no_parameter_needs_co
     assert "%(after_at)s" in statement and "%(naive_now)s" in statement
     assert (fixed["state_1"], fixed["type_1"], fixed["now"]) == ("available", "Ci::Build", None)
     monkeypatch.setattr(service, "batch_statement", lambda schema: select(bindparam("flags", type_=JSON)))
-    with pytest.raises(TypeError, match=r"\['flags'\] need SQLAlchemy's conversion"):
+    with pytest.raises(TypeError, match=r"parameters \['flags'\] need SQLAlchemy's conversion"):
         service.compiled_batch_statement.__wrapped__(S, dialect)
 
 

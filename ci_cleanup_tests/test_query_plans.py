@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.environments_auto_stop import service as auto_stop
-from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
+from ci_cleanup.gitlab.schema import array_literal, gitlab_schema, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stuck_export_jobs import service as stuck_exports
@@ -62,7 +62,8 @@ def statements(engine):
     yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(
         S, CUTOFF, 100, {r.id for r in builds[:3]})
     yield "drop_canceling_builds drop", drop_canceling.drop_statement(S).params(
-        cutoff=CUTOFF.replace(tzinfo=None), now=NOW.replace(tzinfo=None), limit=100, exclude=[r.id for r in builds[:3]]
+        cutoff=CUTOFF.replace(tzinfo=None), now=NOW.replace(tzinfo=None), limit=100,
+        exclude=array_literal(r.id for r in builds[:3]),
     )
     yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(
         stale_machines.stale(S, DEADLINE))

@@ -29,8 +29,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.schema import (
@@ -38,6 +37,9 @@ from ..gitlab.schema import (
     STUCK_OR_TIMEOUT_FAILURE,
     TIMESTAMP,
     GitLabSchema,
+    array_literal,
+    array_param,
+    driver_sql,
     naive_utc,
     utc_now,
 )
@@ -95,7 +97,7 @@ def find_batch_query(schema: GitLabSchema, cutoff, limit, exclude) -> Select:
     parameter, ``:exclude``, so that :func:`drop_statement` is built once).
     """
     b = schema.ci_builds
-    excluded = bindparam("exclude", list(exclude), type_=ARRAY(BigInteger))
+    excluded = array_param("exclude", BigInteger, exclude)
     return (
         select(b.c.id, b.c.created_at, b.c.project_id)
         .where(outdated_canceling(schema, cutoff), b.c.id != all_(excluded))
@@ -139,7 +141,7 @@ def drop_statement(
     if of_ids:
         picked = (
             select(b.c.id, b.c.created_at, b.c.project_id)
-            .where(b.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))), candidate)
+            .where(b.c.id == any_(array_param("ids", BigInteger)), candidate)
         )
     else:
         picked = find_batch_query(schema, cutoff, bindparam("limit", type_=Integer), ())
@@ -172,10 +174,20 @@ def drop_statement(
     )
 
 
-def _drop(conn: Connection, statement: Select, params: dict) -> tuple[list[Row], list[int]]:
-    """Run a drop statement in its own transaction: the builds it dropped, and the ids of those it picked and left."""
+@functools.lru_cache(maxsize=8)
+def compiled_drop_statement(
+    schema: GitLabSchema, dialect: Dialect, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE
+) -> tuple[str, dict]:
+    """:func:`drop_statement` compiled once for ``dialect``, run as driver SQL (:func:`driver_sql`)."""
+    return driver_sql(drop_statement(schema, of_ids=of_ids, failure_reason=failure_reason), dialect)
+
+
+def _drop(conn: Connection, schema: GitLabSchema, params: dict, **variant) -> tuple[list[Row], list[int]]:
+    """Run a drop statement (``variant``: :func:`drop_statement`'s) in its own transaction: the builds it dropped,
+    and the ids of those it picked and left."""
+    statement, fixed = compiled_drop_statement(schema, conn.dialect, **variant)
     with conn.begin():
-        rows = conn.execute(statement, params).all()
+        rows = conn.exec_driver_sql(statement, {**fixed, **params}).all()
     return [r for r in rows if r.dropped], [r.id for r in rows if not r.dropped]
 
 
@@ -191,8 +203,8 @@ def drop_builds(
         with conn.connect() as connection:
             return drop_builds(connection, schema, builds, cutoff, now, failure_reason)
     ids = [build.id for build in builds]
-    params = {"cutoff": naive_utc(cutoff), "now": naive_utc(now), "ids": ids}
-    dropped, _ = _drop(conn, drop_statement(schema, of_ids=True, failure_reason=failure_reason), params)
+    params = {"cutoff": naive_utc(cutoff), "now": naive_utc(now), "ids": array_literal(ids)}
+    dropped, _ = _drop(conn, schema, params, of_ids=True, failure_reason=failure_reason)
     done = {r.id for r in dropped}
     return BatchOutcome(dropped=dropped, changed_concurrently=[build_id for build_id in ids if build_id not in done])
 
@@ -250,10 +262,11 @@ def drop_canceling_builds(
         while True:
             batch_time = now()
             params = {
-                "cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size, "exclude": passed_over,
+                "cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size,
+                "exclude": array_literal(passed_over),
             }
             try:
-                dropped, changed = _drop(conn, drop_statement(schema), params)
+                dropped, changed = _drop(conn, schema, params)
                 batch = BatchOutcome(dropped=dropped, changed_concurrently=changed)
             except DBAPIError as e:
                 if e.connection_invalidated:
