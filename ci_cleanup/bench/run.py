@@ -87,15 +87,17 @@ def alternate(engine: Engine, client, job: BenchJob, runs: list[tuple[str, int]]
     """Each run's rows per second and every batch's seconds, by way of doing it (``job``, ``raw``, ``per_row``).
 
     At both table sizes ``runs`` alternates the job and its raw SQL loop ``repeats`` times, and each keeps its median:
-    on a shared machine one measurement can land on a busy moment (autovacuum, another process). Every run starts from
-    a CHECKPOINT, as the launched part's do: the writes before it (the seed, its candidates, the run before) on
-    disk, not in a checkpoint that falls inside some runs and not others.
+    on a shared machine one measurement can land on a busy moment (another process). Every run starts as the
+    launched part's do: its table vacuumed (the dead rows of the run before gone, and autovacuum, with nothing left
+    to do, not started in the middle of a run: a run's candidates pass its insert threshold at 100 k rows, not at
+    10 M), then checkpointed (the writes before it on disk, not in a checkpoint that falls inside some runs).
     """
     speeds: dict[str, list[float]] = {how: [] for how, _ in runs}
     batches_of: dict[str, list[float]] = {how: [] for how, _ in runs}
     for how, n in runs:
         add_candidates(engine, job, n)
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM ANALYZE {seed.PARENT.get(job.table, job.table)}"))
             conn.execute(text("CHECKPOINT"))
         rows, seconds, batches = timed(engine, client, getattr(job, how))
         speeds[how].append(rows / seconds)
@@ -360,10 +362,10 @@ Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d
 ## The services: throughput, batch latency, memory
 
 {args.work:,} candidates per service and per way of doing it ({max(1000, args.work // 10):,} for the per-row loop);
-at both sizes the service and the raw SQL loop alternate {args.repeats} times, each run from a CHECKPOINT, each
-figure the median; peak memory at 1,000 and {args.memory_candidates:,} candidates, of a subprocess running the
-service: its peak resident set and the peak of the Python heap traced by tracemalloc (no collection forced between
-batches).
+at both sizes the service and the raw SQL loop alternate {args.repeats} times, each run on its table vacuumed and
+checkpointed, each figure the median; peak memory at 1,000 and {args.memory_candidates:,} candidates, of a
+subprocess running the service: its peak resident set and the peak of the Python heap traced by tracemalloc (no
+collection forced between batches).
 
 - "raw SQL": a SQLAlchemy loop of one set-based statement per batch of the same size (not the floor above);
   "per-row": read each row, then write it guarded by what was read, one transaction per row (GitLab's `drop!`).
