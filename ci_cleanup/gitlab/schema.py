@@ -92,8 +92,9 @@ def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
 
     SQLAlchemy would otherwise build the statement's cache key again for each execution, 0.18 ms of a batch's client
     work for environments_auto_stop's statement. Driver SQL skips SQLAlchemy's conversion of the values bound: refused
-    for a parameter whose type would convert its value (datetimes, text, integers and lists of them psycopg2 binds
-    itself). Arrays come back from psycopg2 as lists. The statement timeout still reaches it (a cursor listener).
+    for a parameter whose type would convert its value (an ``ARRAY`` does: bind arrays with :func:`array_param`;
+    datetimes, text and integers psycopg2 binds itself). Arrays come back from psycopg2 as lists. The statement
+    timeout still reaches it (a cursor listener).
     """
     compiled = statement.compile(dialect=dialect)
     converted = sorted(name for name, bind in compiled.binds.items() if bind.type.bind_processor(dialect))
