@@ -164,6 +164,31 @@ def test_digest_sees_one_changed_value(bench_db, redis_client):
         admin.close()
 
 
+def test_postgres_cpu_clock_counts_a_backends_work_and_a_server_it_cannot_read_is_none(scratch_database):
+    """The bench's PostgreSQL CPU: a query's work shows in it, the backend's once it has ended too (its postmaster
+    reaped it); a server whose processes this machine cannot see has no clock, not a wrong one."""
+    admin, worker = connect(scratch_database), connect(scratch_database)
+    try:
+        clock = launched.postgres_cpu_clock(admin.cursor())
+        started = clock()
+        worker.cursor().execute("SELECT count(*) FROM generate_series(1, 3000000)")
+        worked = clock()
+        worker.close()
+        assert worked > started and clock() >= worked
+    finally:
+        admin.close()
+        worker.close()
+
+    class ElsewhereCursor:  # a server on another machine: its data directory is not here
+        def execute(self, query):
+            assert query == "SHOW data_directory"
+
+        def fetchone(self):
+            return ("/nonexistent/postgres/data",)
+
+    assert launched.postgres_cpu_clock(ElsewhereCursor()) is None
+
+
 def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
     """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
     # Two idle and two bare launches, not the bench's seven: each is a Dagster process of a few CPU-seconds, and
@@ -184,6 +209,14 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         f"  drop_canceling_builds warm-up {c}" for c in launched.CONTENDERS] + ["  drop_canceling_builds round 1 job"]
     assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
     assert len(figures.idle) == len(figures.bare) == launched.IDLE_RUNS and figures.idle_s > 0
+    # Each idle run timed both ways: to its RUN_SUCCESS (as "job", for the work), and whole.
+    assert len(figures.idle_to_success) == launched.IDLE_RUNS
+    assert all(0 < success < whole for success, whole in zip(figures.idle_to_success, figures.idle))
+    # The CPU of every counted run (the fixture's PostgreSQL runs on this machine): a launch spends more than the
+    # floor's one batch, in its own process.
+    assert {c: len(cpu) for c, cpu in figures.cpu.items()} == {"job": 2, "floor": 2, "service": 2,
+                                                                 "idle": launched.IDLE_RUNS}
+    assert min(figures.cpu["job"]) > max(figures.cpu["floor"]) > 0
     # After the idle runs (on the tables without the candidates: they changed nothing, below), the candidates are
     # back, done as a round does them: failed, out of the queues.
     assert _rows(engine, "SELECT count(*) - 50, max(id) - 50 FROM p_ci_builds") == builds
@@ -230,12 +263,16 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     quick = launched.Launched("stuck_export_jobs", 100, rows=100, batches=1)
     quick.seconds.update(job=[10.0, 12.0, 11.0], floor=[6.0, 6.0, 7.0], service=[8.0, 8.0, 8.0],
                          run_record=[9.0, 9.0, 9.0])
-    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]  # work 11 − 2 = 9 s against a 6 s floor: 1.50
+    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]
+    quick.idle_to_success = [0.9, 1.9, 2.0, 2.9, 1.9]  # work 11 − 1.9 = 9.1 s against a 6 s floor: 1.52
+    # CPU, job − idle run − floor: 7.5 − 1.5 − 5.2 = 0.8 s over 1 batch; service 5.6 − 5.2
+    quick.cpu.update(job=[7.5, 7.0, 8.0], floor=[5.2, 5.0, 5.3], service=[5.6, 5.6, 5.6], idle=[1.5] * 5)
     quick.bare = [0.8, 1.7, 1.6, 2.6, 1.9]  # idle − bare, pair by pair: 0.2 0.3 0.4 0.4 0.1 -> 0.30
     slow_start = launched.Launched("drop_canceling_builds", 100, rows=100, batches=1)
     slow_start.seconds.update(job=[20.0, 20.0, 21.0], floor=[17.0, 17.0, 16.0], service=[18.0, 18.0, 18.0],
                               run_record=[18.0, 18.0, 18.0])
-    slow_start.idle = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00
+    slow_start.idle = slow_start.idle_to_success = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00
+    slow_start.cpu.update(job=[9.0] * 3, floor=[7.0] * 3, service=[7.1] * 3, idle=[2.0] * 5)  # 0.0 / 0.1 s
     slow_start.bare = [1.5, 1.6, 1.7, 1.8, 1.9]  # idle − bare: 1.5 1.4 1.3 1.1 1.2 -> 1.30
     bare = quick.bare + slow_start.bare
     args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
@@ -245,8 +282,10 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
                        load={"before": (1, 1, 1), "after": (1, 1, 1)}, daemon_s=None, bare=bare)
     markdown = path.read_text()
     headline = markdown.split("## The jobs as the daemon runs them, against their floor\n")[1].split("\n## ")[0]
-    assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.50\nstartup_over_bare_s=1.30")
-    assert "| 1.50 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
+    assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.52\nstartup_over_bare_s=1.30"
+                                      "\nbatch_cpu_over_floor_ms_max=800.00")
+    assert "| 1.52 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
+    assert "| 800.00 / 400.00 |" in headline and "| 0.00 / 100.00 |" in headline
     assert "PREPARE" in headline and "statement text each batch" in headline
     assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")
 

@@ -190,7 +190,8 @@ def launched_table(results: list[launched.Launched], bare: list[float]) -> str:
         "| floor s, min / median / max | service s (no Dagster) | job vs floor, start-up included "
         "| job − idle run, vs floor (≤1.15) "
         "| floor rows/s | Dagster ms/batch (job − service) | same, idle run subtracted "
-        "| idle `dagster job execute` s, min / median / max (≤2.5) | idle − bare s (≤0.4) |"
+        "| idle `dagster job execute` s, min / median / max (≤2.5) | idle − bare s (≤0.4) "
+        "| CPU ms/batch over floor: job − idle run / service (≤0.3) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in results:
@@ -199,17 +200,26 @@ def launched_table(results: list[launched.Launched], bare: list[float]) -> str:
             f"| {f.median('run_record'):.2f} "
             f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
             f"| {f.work_vs_floor:.2f} | {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
-            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} | {f.idle_over_bare:.2f} |"
+            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} | {f.idle_over_bare:.2f} "
+            f"| {_cpu_over_floor(f)} |"
         )
     return "\n".join(lines)
 
 
+def _cpu_over_floor(f: launched.Launched) -> str:
+    over = [f.cpu_ms_per_batch_over_floor(contender) for contender in ("job", "service")]
+    return "not measured" if None in over else " / ".join(f"{ms:.2f}" for ms in over)
+
+
 def launched_figures(results: list[launched.Launched], bare: list[float]) -> str:
     """The figure lines that end the launched jobs' section, each the worst job's: its idle run, its work against
-    its floor (the idle run taken off), its idle run over the bare Dagster job's."""
+    its floor (the idle run taken off), its idle run over the bare Dagster job's, and (where PostgreSQL's processes
+    can be read) its CPU per batch beyond the floor's."""
+    cpu = [f.cpu_ms_per_batch_over_floor("job") for f in results]
     return (f"cli_idle_s={max(f.idle_s for f in results):.2f}\n"
             f"work_vs_floor_max={max(f.work_vs_floor for f in results):.2f}\n"
-            f"startup_over_bare_s={max(f.idle_over_bare for f in results):.2f}")
+            f"startup_over_bare_s={max(f.idle_over_bare for f in results):.2f}"
+            + ("" if None in cpu else f"\nbatch_cpu_over_floor_ms_max={max(cpu):.2f}"))
 
 
 def deployed_table(results: list[launched.Launched]) -> str:
@@ -322,8 +332,13 @@ did (digest of the changed tables, asserted).
 - "idle": the same `dagster job execute` with nothing to do, whole process, {launched.IDLE_RUNS} times (target
   ≤ 2.5 s), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps them between runs)
   and checkpointed (the rounds' writes flushed first);
-  "job − idle run, vs floor" takes its median off the job: the job's work against the floor's, without the
-  start-up (target ≤ 1.15).
+  "job − idle run, vs floor" takes its median, timed as the job is (launch → RUN_SUCCESS), off the job: the job's
+  work against the floor's, without the start-up (target ≤ 1.15).
+- "CPU ms/batch over floor": the CPU of every run above, the client's processes (the launch and its children, or
+  this process for the floor and the service) and PostgreSQL's (its postmaster and every child, read from `/proc`)
+  together, medians: the launched job's with its idle run's taken off, and the service's, each less the floor's,
+  per batch (target ≤ 0.3 ms). Wall time on this shared machine varies by more than that from round to round (the
+  same floor took 2.0-3.3 s in one run); CPU leaves out the waits, though not a slower moment of the machine.
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
   Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
   order): {_spread(bare)} s over all jobs. It exits as the jobs' processes do (`gc.freeze()` at exit, no final
@@ -332,7 +347,8 @@ did (digest of the changed tables, asserted).
 - A scheduled run through dagster-daemon with nothing to do, from the run its tick created to RUN_SUCCESS:
   {daemon} (target ≤ 6 s).
 - The last lines, each the worst job's: `cli_idle_s=` its idle run, `work_vs_floor_max=` its work against its
-  floor, `startup_over_bare_s=` its idle run over the bare job's.
+  floor, `startup_over_bare_s=` its idle run over the bare job's, `batch_cpu_over_floor_ms_max=` its launched
+  CPU per batch over the floor's.
 
 {launched_table(results, bare)}
 
