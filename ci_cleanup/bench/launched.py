@@ -141,8 +141,9 @@ class Launched:
 
     def cpu_ms_per_batch_over_floor(self, contender: str) -> float | None:
         """The CPU per batch (the client's and PostgreSQL's, medians) a contender spends beyond the floor's; the
-        launched job's with its idle run's taken off. Unlike wall time, CPU does not count waits (the machine's
-        other processes, the disk), so it can tell a tenth of a millisecond per batch apart."""
+        launched job's with its idle run's taken off. CPU leaves out the waits that wall time counts (the disk, the
+        machine's other processes), not a slower moment of the machine: on a shared one, the same work's CPU still
+        moves by about a tenth from run to run."""
         if not self.cpu["floor"]:
             return None
         used = statistics.median(self.cpu[contender])
