@@ -101,6 +101,11 @@ class Launched:
     def idle_s(self) -> float:
         return statistics.median(self.idle)
 
+    @property
+    def idle_to_success_s(self) -> float:
+        """The idle run timed as the job is, launch -> RUN_SUCCESS: what the work figures take off the job."""
+        return statistics.median(self.idle_to_success)
+
     def median(self, contender: str) -> float:
         return statistics.median(self.seconds[contender])
 
@@ -119,7 +124,7 @@ class Launched:
     def work_vs_floor(self) -> float:
         """The job with its idle run (start-up, run start and end) taken off, against the floor: both launches timed
         alike, to their RUN_SUCCESS."""
-        return (self.median("job") - statistics.median(self.idle_to_success)) / self.median("floor")
+        return (self.median("job") - self.idle_to_success_s) / self.median("floor")
 
     @property
     def idle_over_bare(self) -> float:
@@ -136,8 +141,7 @@ class Launched:
     @property
     def dagster_ms_per_batch_after_startup(self) -> float:
         """The same without the idle run's cost (process start, imports, run start and end)."""
-        return (self.median("job") - statistics.median(self.idle_to_success) - self.median("service")) * 1000 / max(
-            1, self.batches)
+        return (self.median("job") - self.idle_to_success_s - self.median("service")) * 1000 / max(1, self.batches)
 
     def cpu_ms_per_batch_over_floor(self, contender: str) -> float | None:
         """The CPU per batch (the client's and PostgreSQL's, medians) a contender spends beyond the floor's; the
