@@ -73,6 +73,8 @@ def statements(engine):
     completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
     yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
+    yield "stuck_export_jobs fail and next page", stuck_exports.fail_and_page_statement(S, walk=False).params(
+        **completed, now=NOW, after_id=exports[len(exports) // 2].id, limit=1000)
     yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
     yield "environments_auto_stop pick", auto_stop.pick_statement(S).params(
         now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
@@ -130,7 +132,7 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
             if scans := [n["Relation Name"] for n in plan
                          if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
-    assert checked == 17
+    assert checked == 18
     assert failures == []
 
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 import redis
 from dagster import DagsterInstance
-from sqlalchemy import text, update
+from sqlalchemy import event, text, update
 
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.gitlab.sidekiq_status import status_key
@@ -18,7 +18,7 @@ from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused, updates_skipped
-from .harness import gitlab_database
+from .harness import gitlab_database, on
 from .runner import failure_messages, op_metadata, run_job
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -348,6 +348,27 @@ def test_bad_row_is_reported_and_the_others_are_failed(stack, engine, redis_clie
     assert report["job_ids"] == ["jid-a", "jid-b"]
 
 
+def test_chunks_after_a_refused_chunk_and_after_one_with_nothing_to_fail_are_read_and_failed(
+    stack, engine, redis_client
+):
+    """A chunk's statement reads the next page; a refused chunk (failed job by job) and a chunk with no completed
+    job send no such statement, and the page after each is read on its own."""
+    good, bad = export_job(engine, "jid-good", STARTED), export_job(engine, "jid-bad", STARTED)
+    running = [export_job(engine, f"jid-running-{i}", QUEUED) for i in range(2)]
+    in_sidekiq(redis_client, "jid-running-0", "jid-running-1")
+    later = [export_job(engine, f"jid-later-{i}", STARTED) for i in range(3)]
+    bad_before = row(engine, "project_export_jobs", bad)
+
+    with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
+        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client, chunk_size=2,
+                                                   grace_cutoff=utc_now() - service.EXPORT_JOBS_EXPIRATION)
+
+    assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [good, *later]
+    assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == [bad, *running]
+    assert row(engine, "project_export_jobs", bad) == bad_before
+    assert (result.chunks, result.candidates, result.stuck, result.running, result.errors_count) == (4, 7, 4, 2, 1)
+
+
 def test_dry_run_reports_the_stuck_jobs_and_writes_nothing(stack, engine, redis_client):
     stuck = [export_job(engine, f"jid-{i}", STARTED) for i in range(3)]
     running = export_job(engine, "jid-running", QUEUED)
@@ -437,7 +458,7 @@ def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
 
 
 def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_after_the_cursor(
-    stack, engine, redis_client, monkeypatch
+    stack, engine, redis_client
 ):
     """200 k finished exports, then 2,500 queued ones, the newest (as a backlog is), a tenth of the rows since moved by
     an update (as a live table's are). Through GitLab's status index PostgreSQL would read every enqueued job after
@@ -448,19 +469,29 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
         conn.execute(text("ANALYZE project_export_jobs"))  # the moved rows' statistics
         enqueued = service.count_enqueued(conn, S)
         walked = plan(conn, service.enqueued_exports_query(S, enqueued.first_id + 750, 1000, walk=True))
+        fail_and_walk = plan(conn, service.fail_and_page_statement(S, walk=True).params(
+            ids="{}", jids="{}", grace_cutoff=ago(hours=6), now=utc_now(), after_id=enqueued.first_id + 750,
+            limit=1000))
     assert (enqueued.count, enqueued.last_id - enqueued.first_id, enqueued.dense) == (2500, 2499, True)
     assert "Index Scan using project_export_jobs_pkey" in walked and "Sort" not in walked, walked
-    pages = []
-    read = service.enqueued_exports
-    monkeypatch.setattr(service, "enqueued_exports", lambda conn, schema, after_id, limit, walk=False: (
-        pages.append((after_id, walk)) or read(conn, schema, after_id, limit, walk=walk)))
+    assert "index_project_export_jobs_on_status" not in fail_and_walk and "Seq Scan" not in fail_and_walk
+    statements = []
 
-    result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, grace_cutoff=ago(hours=6),
-                                               first_id=enqueued.first_id, walk=enqueued.dense)
+    def sent(conn, cursor, statement, parameters, context, executemany):
+        statements.append((parameters.get("after_id"), "status + 0" in statement))
+
+    exports_engine = on(engine, "project_export_jobs")
+    event.listen(exports_engine, "before_cursor_execute", sent)
+    try:
+        result = service.mark_stuck_jobs_as_failed(exports_engine, S, redis_client, grace_cutoff=ago(hours=6),
+                                                   first_id=enqueued.first_id, walk=enqueued.dense)
+    finally:
+        event.remove(exports_engine, "before_cursor_execute", sent)
 
     assert (result.stuck, result.chunks) == (2500, 3)
     assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == []
-    assert pages == [(enqueued.first_id - 1 + n, True) for n in (0, 1000, 2000, 2500)]
+    # The first page, then one statement per chunk: it fails the chunk's stuck jobs and reads the next page.
+    assert statements == [(enqueued.first_id - 1 + n, True) for n in (0, 1000, 2000, 2500)]
 
 
 def test_enqueued_jobs_spread_over_the_ids_are_paged_through_gitlabs_status_index(stack, engine):

@@ -5,8 +5,9 @@ in one pipelined EXISTS per chunk which of their jids are completed (status key 
 those still queued or started under the same jid (a job may have finished or been re-enqueued
 meanwhile), sparing parallel exports inside their 6-hour grace. The worker re-reads the rows, then
 fails each in its own transaction; here the re-read's rule is written once (:func:`_checked_and_outcome`):
-one UPDATE per chunk carries it and says why it spared the others, and a chunk the database refuses is
-failed job by job by the same UPDATE for one job.
+one UPDATE per chunk carries it, says why it spared the others and reads the next page (a chunk, one round trip
+to the database and one to Redis), and a chunk the database refuses is failed job by job by the same UPDATE for one
+job.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class FailOutcome:
     failed: list[Export] = field(default_factory=list)  # (id, jid)
     changed_meanwhile: list[int] = field(default_factory=list)  # finished or re-enqueued before the update
     errors: list[tuple[int, str]] = field(default_factory=list)  # (id, the error)
+    # The page after the chunk, read by the chunk's statement (:func:`fail_completed`); None: not read.
+    next_page: list[Export] | None = None
 
 
 @dataclass
@@ -137,24 +140,43 @@ def enqueued_exports_query(schema: GitLabSchema, after_id, limit, *, walk: bool 
     return select(j.c.id, j.c.jid).where(status.in_(ENQUEUED), j.c.id > after_id).order_by(j.c.id).limit(limit)
 
 
+class Page(NamedTuple):
+    """The page to read: up to ``limit`` enqueued jobs after ``after_id`` (:func:`enqueued_exports_query`)."""
+
+    after_id: int
+    limit: int
+    walk: bool = False
+
+    def params(self) -> dict:
+        return {"after_id": self.after_id, "limit": self.limit}
+
+
+@functools.lru_cache(maxsize=8)
+def _page_columns(schema: GitLabSchema, walk: bool) -> tuple[ColumnElement, ColumnElement]:
+    """The page as two arrays, its ids and its jids (1000 rows cost twice as much to fetch), each a scalar subquery of
+    one CTE, so that the page can ride in a chunk's fail statement (:func:`fail_and_page_statement`)."""
+    page = enqueued_exports_query(
+        schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer), walk=walk
+    ).cte("page")
+    by_id = page.c.id
+    return tuple(select(func.array_agg(aggregate_order_by(column, by_id))).scalar_subquery() for column in page.c)
+
+
 @functools.lru_cache(maxsize=8)
 def _page_statement(schema: GitLabSchema, walk: bool) -> Select:
     """The page built once, bound per chunk (building and compiling a statement per chunk cost as much as running
-    it), as one row of two arrays, ids and jids: 1000 rows cost twice as much to fetch."""
-    page = enqueued_exports_query(
-        schema, bindparam("after_id", type_=BigInteger), bindparam("limit", type_=Integer), walk=walk
-    ).subquery("page")
-    by_id = page.c.id
-    return select(
-        func.array_agg(aggregate_order_by(page.c.id, by_id)), func.array_agg(aggregate_order_by(page.c.jid, by_id))
-    )
+    it)."""
+    return select(*_page_columns(schema, walk))
+
+
+def _exports(ids, jids) -> list[Export]:
+    return list(map(Export, ids or (), jids or ()))
 
 
 def enqueued_exports(
     conn: Connection, schema: GitLabSchema, after_id: int, limit: int, *, walk: bool = False
 ) -> list[Export]:
-    ids, jids = conn.execute(_page_statement(schema, walk), {"after_id": after_id, "limit": limit}).one()
-    return list(map(Export, ids or (), jids or ()))
+    return _exports(*conn.execute(_page_statement(schema, walk), Page(after_id, limit).params()).one())
 
 
 # The pages walk the primary key (:func:`enqueued_exports_query`) when at least one id in this many, from the first
@@ -271,6 +293,14 @@ def fail_statement(schema: GitLabSchema) -> Select:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def fail_and_page_statement(schema: GitLabSchema, walk: bool) -> Select:
+    """:func:`fail_statement`, and the next page in the same statement (two more arrays: its ids and jids): a chunk
+    costs one round trip. The page is past the chunk's ids, so the two never meet; it is read at the statement's
+    snapshot, as a page read just before it would be."""
+    return fail_statement(schema).add_columns(*_page_columns(schema, walk))
+
+
 def completed_params(completed: Sequence[Export], grace_cutoff: dt.datetime) -> dict:
     """The re-read's and the UPDATE's parameters for these ``(id, jid)`` rows: two array literals
     (:func:`~ci_cleanup.gitlab.schema.array_param`)."""
@@ -309,9 +339,10 @@ def find_stuck(
 
 def fail_completed(
     conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Export], grace_cutoff: dt.datetime,
-    now: dt.datetime,
+    now: dt.datetime, next_page: Page | None = None,
 ) -> FailOutcome:
-    """Fail the chunk's completed jobs in one statement (all or nothing), which says why it spared the others.
+    """Fail the chunk's completed jobs in one statement (all or nothing), which says why it spared the others, and
+    reads ``next_page`` (into :attr:`FailOutcome.next_page`).
 
     The chunk costs one statement, as plain SQL would. A job the statement's snapshot called stuck but the update
     did not fail was changed while the update waited for it: only those are re-read; one still stuck then was
@@ -319,8 +350,8 @@ def fail_completed(
     """
     if not completed:
         return FailOutcome()
-    failed_ids, spared = _fail(conn, schema, completed, grace_cutoff, now)
-    outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids])
+    failed_ids, spared, page = _fail(conn, schema, completed, grace_cutoff, now, next_page)
+    outcome = FailOutcome(failed=[job for job in completed if job.id in failed_ids], next_page=page)
     spared_jobs = [job for job in completed if job.id in spared]
     _sort(chunk, ((job, spared[job.id]) for job in spared_jobs if spared[job.id] != "stuck"))
     classify(conn, schema, chunk, [job for job in spared_jobs if spared[job.id] == "stuck"], grace_cutoff)
@@ -330,14 +361,20 @@ def fail_completed(
 
 
 def _fail(
-    conn: Connection, schema: GitLabSchema, jobs: Sequence[Export], grace_cutoff: dt.datetime, now: dt.datetime
-) -> tuple[set[int], dict[int, str]]:
-    """Run :func:`fail_statement` for these ``(id, jid)`` rows, in the caller's transaction: the ids it failed, and
-    the others' outcomes by id."""
-    failed, spared, outcomes = conn.execute(
-        fail_statement(schema), {**completed_params(jobs, grace_cutoff), "now": now}
-    ).one()
-    return set(failed or ()), dict(zip(spared or (), outcomes or ()))
+    conn: Connection, schema: GitLabSchema, jobs: Sequence[Export], grace_cutoff: dt.datetime, now: dt.datetime,
+    next_page: Page | None = None,
+) -> tuple[set[int], dict[int, str], list[Export] | None]:
+    """Run :func:`fail_statement` for these ``(id, jid)`` rows, in the caller's transaction: the ids it failed, the
+    others' outcomes by id, and ``next_page`` if asked for (:func:`fail_and_page_statement`)."""
+    params = {**completed_params(jobs, grace_cutoff), "now": now}
+    if next_page is None:
+        failed, spared, outcomes = conn.execute(fail_statement(schema), params).one()
+        page = None
+    else:
+        statement = fail_and_page_statement(schema, next_page.walk)
+        failed, spared, outcomes, ids, jids = conn.execute(statement, {**params, **next_page.params()}).one()
+        page = _exports(ids, jids)
+    return set(failed or ()), dict(zip(spared or (), outcomes or ())), page
 
 
 def fail_stuck_one_by_one(
@@ -350,7 +387,7 @@ def fail_stuck_one_by_one(
     for job in stuck:
         try:
             with conn.begin():
-                failed, _ = _fail(conn, schema, [job], grace_cutoff, now)
+                failed, _, _ = _fail(conn, schema, [job], grace_cutoff, now)
         except DBAPIError as e:
             if e.connection_invalidated:
                 raise
@@ -366,9 +403,10 @@ def fail_stuck_one_by_one(
 
 def fail_chunk(
     conn: Connection, schema: GitLabSchema, chunk: StuckChunk, completed: list[Export], grace_cutoff: dt.datetime,
-    now: dt.datetime, report_error: Callable[[int, BaseException], None],
+    now: dt.datetime, report_error: Callable[[int, BaseException], None], next_page: Page | None = None,
 ) -> FailOutcome:
-    """The chunk's statement in its own transaction; if the database refuses it (a bad row), each job alone.
+    """The chunk's statement (reading ``next_page`` too) in its own transaction; if the database refuses it (a bad
+    row), each job alone, and the next page is not read.
 
     Each row ends as the worker's record-level transactions leave it: the statement is all or
     nothing, and when it fails every stuck job is retried in its own transaction, the bad one
@@ -376,7 +414,7 @@ def fail_chunk(
     """
     try:
         with conn.begin():
-            return fail_completed(conn, schema, chunk, completed, grace_cutoff, now)
+            return fail_completed(conn, schema, chunk, completed, grace_cutoff, now, next_page)
     except DBAPIError as e:
         if e.connection_invalidated:
             raise
@@ -405,22 +443,24 @@ def mark_stuck_jobs_as_failed(
     the first id; ``walk``: the pages walk the primary key (:func:`enqueued_exports_query`), for a dense backlog
     (:attr:`Enqueued.dense`); in a dry run, find the stuck jobs and write nothing."""
     result = StuckResult(max_ids=max_ids)
-    after_id = (first_id or 1) - 1
     # One connection for the run, in autocommit: each statement is its own transaction (``begin()`` sends nothing),
-    # and none is open while Redis is asked.
+    # and none is open while Redis is asked. After the first page, each chunk's fail statement reads the next one.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        page, candidates = Page((first_id or 1) - 1, chunk_size, walk), None
         while True:
-            with conn.begin():
-                candidates = enqueued_exports(conn, schema, after_id, chunk_size, walk=walk)
+            if candidates is None:  # not read by the last chunk's statement
+                with conn.begin():
+                    candidates = enqueued_exports(conn, schema, page.after_id, chunk_size, walk=walk)
             if not candidates:
                 return result
             chunk, completed = ask_sidekiq(queues, candidates)
+            page = Page(chunk.last_id, chunk_size, walk)
             if dry_run:
                 with conn.begin():
                     classify(conn, schema, chunk, completed, grace_cutoff)
                 outcome = None
             else:
-                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, now(), report_error)
-            after_id = chunk.last_id
+                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, now(), report_error, page)
             result.add(chunk, outcome)
             on_chunk(chunk, outcome)
+            candidates = None if outcome is None else outcome.next_page
