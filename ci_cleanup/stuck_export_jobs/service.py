@@ -176,7 +176,7 @@ def _exports(ids, jids) -> list[Export]:
 def enqueued_exports(
     conn: Connection, schema: GitLabSchema, after_id: int, limit: int, *, walk: bool = False
 ) -> list[Export]:
-    return _exports(*conn.execute(_page_statement(schema, walk), Page(after_id, limit).params()).one())
+    return _exports(*conn.execute(_page_statement(schema, walk), {"after_id": after_id, "limit": limit}).one())
 
 
 # The pages walk the primary key (:func:`enqueued_exports_query`) when at least one id in this many, from the first
@@ -446,21 +446,22 @@ def mark_stuck_jobs_as_failed(
     # One connection for the run, in autocommit: each statement is its own transaction (``begin()`` sends nothing),
     # and none is open while Redis is asked. After the first page, each chunk's fail statement reads the next one.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        page, candidates = Page((first_id or 1) - 1, chunk_size, walk), None
+        after_id, candidates = (first_id or 1) - 1, None
         while True:
             if candidates is None:  # not read by the last chunk's statement
                 with conn.begin():
-                    candidates = enqueued_exports(conn, schema, page.after_id, chunk_size, walk=walk)
+                    candidates = enqueued_exports(conn, schema, after_id, chunk_size, walk=walk)
             if not candidates:
                 return result
             chunk, completed = ask_sidekiq(queues, candidates)
-            page = Page(chunk.last_id, chunk_size, walk)
+            after_id = chunk.last_id
             if dry_run:
                 with conn.begin():
                     classify(conn, schema, chunk, completed, grace_cutoff)
                 outcome = None
             else:
-                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, now(), report_error, page)
+                next_page = Page(after_id, chunk_size, walk)
+                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, now(), report_error, next_page)
             result.add(chunk, outcome)
             on_chunk(chunk, outcome)
             candidates = None if outcome is None else outcome.next_page
