@@ -295,6 +295,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     again = run.with_launched_section(markdown, section)
     assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again
     assert "\nstartup_over_bare_s=0.30\n" in again and "startup_over_bare_s=1.30" not in again
+    assert again.count("\nbatch_cpu_over_floor_ms_max=") == 1  # every figure line replaced, none left behind
     assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])
 
 

@@ -455,13 +455,11 @@ is from the run the heading names): {machine()}; PostgreSQL:
 
 
 def with_launched_section(markdown: str, section: str) -> str:
-    """BENCHMARKS.md with its headline section (up to its last figure line, or in a file written before that line
-    existed, up to the next section) replaced by ``section``."""
+    """BENCHMARKS.md with its headline section (up to the next section: every figure line goes with it) replaced by
+    ``section``."""
     before, found, after = markdown.partition(LAUNCHED_HEADING)
     if not found:
         raise SystemExit(f"{LAUNCHED_HEADING!r} not found: run the whole benchmark first")
-    if "\nstartup_over_bare_s=" in after:
-        return before + section + after.split("\nstartup_over_bare_s=", 1)[1].split("\n", 1)[1]
     return before + section + "\n## " + after.split("\n## ", 1)[1]
 
 
