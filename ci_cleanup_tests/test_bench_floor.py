@@ -41,8 +41,19 @@ def _state(cur, job, before):
     return launched.digest(cur, job, before, utc_now() - dt.timedelta(days=2))
 
 
+def _layout(cur, job, before) -> list[tuple]:
+    """Where the candidates are: (table, ctid, id) in id order."""
+    found = []
+    for table in launched.SCOPED[job]:
+        cur.execute(f"SELECT tableoid::regclass::text, ctid::text, id FROM {table} WHERE id > %s ORDER BY id",
+                    (before[table],))
+        found += cur.fetchall()
+    return found
+
+
 def _floor_then_service(url, engine, client, job):
-    """(digest before, after the floor, after the reset, after the service), and ``before``."""
+    """(digest before, after the floor, after the reset, after the service), and ``before``; asserts that each reset
+    puts the candidates back where the one before did (the runs after them meet the same table)."""
     before = launched.add_candidates(engine, client, job, CANDIDATES)
     admin, floor_conn = connect(url), connect(url)
     try:
@@ -52,10 +63,11 @@ def _floor_then_service(url, engine, client, job):
         FLOORS[job](floor_conn, client)
         after_floor = _state(cur, job, before)
         launched.reset(cur, job, before)
-        after_reset = _state(cur, job, before)
+        after_reset, layout = _state(cur, job, before), _layout(cur, job, before)
         BY_NAME[job].job(engine, client, lambda: None)
         after_service = _state(cur, job, before)
         launched.reset(cur, job, before)
+        assert _layout(cur, job, before) == layout and len(layout) >= CANDIDATES
         FLOORS[job](floor_conn, client)  # the floor's own end state stays for the test's assertions
     finally:
         admin.close()

@@ -281,25 +281,33 @@ def snapshot(cur, job: str, before: dict[str, int]) -> None:
 
 
 def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> None:
-    """The state the snapshot saw: candidates deleted and copied back, triggers off (ids, side tables as they were),
-    vacuumed: each run starts without the dead rows of the one before, and autovacuum, with nothing left to do,
-    does not start in the middle of it; then checkpointed: the reset's writes (2.4 GB of WAL for 100 k builds) reach
-    the disk before the run, not in a checkpoint inside it (see :func:`_no_checkpoint_mid_run`).
+    """The state the snapshot saw: candidates deleted, vacuumed and copied back, triggers off (ids, side tables as
+    they were), vacuumed again: each run starts without the dead rows of the one before, and autovacuum, with nothing
+    left to do, does not start in the middle of it; then checkpointed: the reset's writes (2.4 GB of WAL for 100 k
+    builds) reach the disk before the run, not in a checkpoint inside it (see :func:`_no_checkpoint_mid_run`).
 
     Without ``candidates``: the tables as they were before them, for the idle runs. The rounds leave behind the
     candidates the job spares (running exports, builds still queued); an idle run paging through those would be
     doing work, not starting up.
     """
+    scoped = sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))
     cur.execute("BEGIN")
     cur.execute("SET LOCAL session_replication_role = replica")
     for table in SCOPED[job]:
         cur.execute(sql.SQL("DELETE FROM {} WHERE id > %s").format(sql.Identifier(table)), (before[table],))
     cur.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, SIDE_TABLES))))
+    cur.execute("COMMIT")
+    # Vacuumed before the copy goes back: the copy then fills the space the last run's rows left, every time. Copied
+    # first, it went to the space freed the time before, and the candidates took turns between two layouts
+    # (ci_runner_machines: pages 5,010-5,876, then 51-5,339): a contender's runs did not all meet the same one.
+    cur.execute(sql.SQL("VACUUM {}").format(scoped))
+    cur.execute("BEGIN")
+    cur.execute("SET LOCAL session_replication_role = replica")
     for table in (*SCOPED[job], *SIDE_TABLES) if candidates else ():
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
-    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))))
+    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(scoped))
     cur.execute("CHECKPOINT")
 
 
