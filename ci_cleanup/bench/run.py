@@ -314,11 +314,11 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 {separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds after an untimed one
 (warm caches from the first counted round on); in each round the job, its floor and its service each start from
-the same reset state (the candidates restored from a template with triggers off, then vacuumed: no dead rows of the
-run before, no autovacuum starting mid-run; then checkpointed: the reset's writes on disk before the run, not in a
-checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every
-other cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one
-did (digest of the changed tables, asserted).
+the same reset state (the candidates deleted and vacuumed, then restored from a template with triggers off: in the
+same pages every time; then vacuumed: no dead rows of the run before, no autovacuum starting mid-run; then
+checkpointed: the reset's writes on disk before the run, not in a checkpoint that falls inside some runs), in an
+order that changes between rounds (rotated, and reversed every other cycle: each contender takes every place in
+turn); every run must leave the tables exactly as the first one did (digest of the changed tables, asserted).
 
 - "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
