@@ -229,6 +229,10 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     assert {c: len(cpu) for c, cpu in figures.cpu.items()} == {"job": 2, "floor": 2, "service": 2,
                                                                  "idle": launched.IDLE_RUNS}
     assert min(figures.cpu["job"]) > max(figures.cpu["floor"]) > 0
+    # The client's part of each run: in the launch's own processes, more than the floor's loop in this one.
+    assert {c: len(cpu) for c, cpu in figures.client_cpu.items()} == {c: len(cpu) for c, cpu in figures.cpu.items()}
+    assert min(figures.client_cpu["job"]) > max(figures.client_cpu["floor"]) > 0
+    assert all(client <= total for c in figures.cpu for client, total in zip(figures.client_cpu[c], figures.cpu[c]))
     # After the idle runs (on the tables without the candidates: they changed nothing, below), the candidates are
     # back, done as a round does them: failed, out of the queues.
     assert _rows(engine, "SELECT count(*) - 50, max(id) - 50 FROM p_ci_builds") == builds
@@ -279,12 +283,15 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     quick.idle_to_success = [0.9, 1.9, 2.0, 2.9, 1.9]  # work 11 − 1.9 = 9.1 s against a 6 s floor: 1.52
     # CPU, job − idle run − floor: 7.5 − 1.5 − 5.2 = 0.8 s over 1 batch; service 5.6 − 5.2
     quick.cpu.update(job=[7.5, 7.0, 8.0], floor=[5.2, 5.0, 5.3], service=[5.6, 5.6, 5.6], idle=[1.5] * 5)
+    # The client's part: job − idle run − floor: 1.6 − 1.2 − 0.1 = 0.3 s over 1 batch; service 0.25 − 0.1
+    quick.client_cpu.update(job=[1.6] * 3, floor=[0.1] * 3, service=[0.25] * 3, idle=[1.2] * 5)
     quick.bare = [0.8, 1.7, 1.6, 2.6, 1.9]  # idle − bare, pair by pair: 0.2 0.3 0.4 0.4 0.1 -> 0.30
     slow_start = launched.Launched("drop_canceling_builds", 100, rows=100, batches=1)
     slow_start.seconds.update(job=[20.0, 20.0, 21.0], floor=[17.0, 17.0, 16.0], service=[18.0, 18.0, 18.0],
                               run_record=[18.0, 18.0, 18.0])
     slow_start.idle = slow_start.idle_to_success = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00
     slow_start.cpu.update(job=[9.0] * 3, floor=[7.0] * 3, service=[7.1] * 3, idle=[2.0] * 5)  # 0.0 / 0.1 s
+    slow_start.client_cpu.update(job=[1.6] * 3, floor=[0.2] * 3, service=[0.2] * 3, idle=[1.3] * 5)  # 0.1 / 0.0 s
     slow_start.bare = [1.5, 1.6, 1.7, 1.8, 1.9]  # idle − bare: 1.5 1.4 1.3 1.1 1.2 -> 1.30
     bare = quick.bare + slow_start.bare
     args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
@@ -295,9 +302,9 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     markdown = path.read_text()
     headline = markdown.split("## The jobs as the daemon runs them, against their floor\n")[1].split("\n## ")[0]
     assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.52\nstartup_over_bare_s=1.30"
-                                      "\nbatch_cpu_over_floor_ms_max=800.00")
+                                      "\nbatch_cpu_over_floor_ms_max=800.00\nbatch_client_cpu_over_floor_ms_max=300.00")
     assert "| 1.52 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
-    assert "| 800.00 / 400.00 |" in headline and "| 0.00 / 100.00 |" in headline
+    assert "| 800.00 / 400.00 | 300.00 / 150.00 |" in headline and "| 0.00 / 100.00 | 100.00 / 0.00 |" in headline
     assert "PREPARE" in headline and "statement text each batch" in headline
     assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")
 
@@ -308,6 +315,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again
     assert "\nstartup_over_bare_s=0.30\n" in again and "startup_over_bare_s=1.30" not in again
     assert again.count("\nbatch_cpu_over_floor_ms_max=") == 1  # every figure line replaced, none left behind
+    assert again.count("\nbatch_client_cpu_over_floor_ms_max=") == 1
     assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])
 
 

@@ -96,6 +96,9 @@ class Launched:
     # CPU seconds of the client's processes and PostgreSQL's together, per run of "job", "floor", "service" and
     # "idle" (whole processes); empty where PostgreSQL's processes cannot be read (a server on another machine).
     cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "idle")})
+    # The client's part of the same runs: what ci_cleanup and Dagster spend in Python (statements built, results
+    # read, events written), without PostgreSQL's work on the statements, which the floor's plans share.
+    client_cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "idle")})
 
     @property
     def idle_s(self) -> float:
@@ -143,17 +146,18 @@ class Launched:
         """The same without the idle run's cost (process start, imports, run start and end)."""
         return (self.median("job") - self.idle_to_success_s - self.median("service")) * 1000 / max(1, self.batches)
 
-    def cpu_ms_per_batch_over_floor(self, contender: str) -> float | None:
-        """The CPU per batch (the client's and PostgreSQL's, medians) a contender spends beyond the floor's; the
-        launched job's with its idle run's taken off. CPU leaves out the waits that wall time counts (the disk, the
-        machine's other processes), not a slower moment of the machine: on a shared one, the same work's CPU still
-        moves by about a tenth from run to run."""
-        if not self.cpu["floor"]:
+    def cpu_ms_per_batch_over_floor(self, contender: str, *, client_only: bool = False) -> float | None:
+        """The CPU per batch (the client's and PostgreSQL's, medians; ``client_only``: the client's) a contender
+        spends beyond the floor's; the launched job's with its idle run's taken off. CPU leaves out the waits that
+        wall time counts (the disk, the machine's other processes), not a slower moment of the machine: on a shared
+        one, the same work's CPU still moves by about a tenth from run to run, PostgreSQL's most."""
+        cpu = self.client_cpu if client_only else self.cpu
+        if not cpu["floor"]:
             return None
-        used = statistics.median(self.cpu[contender])
+        used = statistics.median(cpu[contender])
         if contender == "job":
-            used -= statistics.median(self.cpu["idle"])
-        return (used - statistics.median(self.cpu["floor"])) * 1000 / max(1, self.batches)
+            used -= statistics.median(cpu["idle"])
+        return (used - statistics.median(cpu["floor"])) * 1000 / max(1, self.batches)
 
 
 def _client_cpu() -> float:
@@ -401,9 +405,11 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
         """``run(*args)``'s result; its CPU (client and PostgreSQL) recorded as ``contender``'s, where it is read."""
         if postgres_cpu is None or contender not in figures.cpu:
             return run(*args)
-        started = _client_cpu() + postgres_cpu()
+        client, server = _client_cpu(), postgres_cpu()
         result = run(*args)
-        figures.cpu[contender].append(_client_cpu() + postgres_cpu() - started)
+        client = _client_cpu() - client
+        figures.client_cpu[contender].append(client)
+        figures.cpu[contender].append(client + postgres_cpu() - server)
         return result
 
     def run_contender(contender: str) -> tuple[float, float | None, int]:
