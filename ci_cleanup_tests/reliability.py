@@ -1023,6 +1023,7 @@ def _trials(scenario: Scenario, urls: Urls, engine, leases, client, settings: Cr
     figures = dict(trials=settings.trials, killed_while_running=0, killed_mid_work=0, completed_before_kill=0,
                    lease_left_by_dead_run_then_expired=0, longest_wait_for_lease_expiry_s=0.0,
                    dead_workers_buckets_skipped_then_recovered=0, rows_checked=0, violations=0)
+    window = settings.kill_within
     for trial in range(settings.trials):
         seeded = scenario.reset_and_seed(engine, client, settings.n)
         keep = client_backends(engine)
@@ -1030,17 +1031,21 @@ def _trials(scenario: Scenario, urls: Urls, engine, leases, client, settings: Cr
         lease_ttl = settings.lease_ttl if scenario.lease else None
         run = FORK.Process(target=_killable_run,
                            args=(scenario, urls, config, lease_ttl, send, engines(engine)), daemon=True)
+        started = time.monotonic()
         run.start()
         send.close()
         # Stratified: trial i's kill lands at a random point of the i-th of ``trials`` equal slices of the window, so
         # even a few trials reach its every part (start-up, first batches, the end of the run).
-        run.join((trial + rng.random()) * settings.kill_within / settings.trials)
+        run.join((trial + rng.random()) * window / settings.trials)
         if run.is_alive():
             run.kill()  # SIGKILL
             run.join(10)
             figures["killed_while_running"] += 1
         else:
             figures["completed_before_kill"] += 1
+            # The window shrinks to the run's length, so that the later kills land while a run works: on a fast
+            # machine a whole run took less than the window's first third (3 of 3 trials ended before their kill).
+            window = min(window, time.monotonic() - started)
             finished = receive.recv() if receive.poll(10) else {"success": False, "errors": ["no result"]}
             if not finished["success"] and any("Lost lease" in e for e in finished["errors"]):
                 # A run stalled past the short test TTL stops itself (the job's own guard), changing nothing more.
@@ -1103,6 +1108,7 @@ def _trials(scenario: Scenario, urls: Urls, engine, leases, client, settings: Cr
             violations.append(f"trial {trial}: Redis holds {sorted(keys)}, not {sorted(scenario.keys_when_done)}")
         figures["rows_checked"] += len(seeded.candidates) + sum(len(k) for k in seeded.keepers.values())
     figures["violations"] = len(violations)
+    figures["kill_window_s"] = round(window, 2)
     return {"figures": figures, "violations": violations[:50]}
 
 
