@@ -63,8 +63,8 @@ N_CRASH = 300
 CRASH_BATCH = 5  # many commits per run: many points to be killed between (or inside), and a longer run to hit
 # Each trial's kill lands at a random point of its own slice of the window (stratified): the first 1.5 s, then no
 # longer than a trial's run that ended before its kill, and the series of a job asserts that some landed while the run
-# was at work. From 20 (and 8) uniform draws: the series were a fifth of the suite's
-# CPU, and stratified draws spread 6 (and 3) over the whole window as well as 20 did.
+# was at work. From 20 (and 8) uniform draws: the series were a fifth of the suite's CPU, and stratified draws spread
+# 6 (and 3) over the whole window as well as 20 did.
 TRIALS = 6
 SHAPE_TRIALS = 3  # per job on the Sentinel set and the cluster: their leases and buckets
 KILL_WITHIN = 1.5  # seconds
