@@ -178,20 +178,31 @@ def postgres_cpu_clock(cur) -> Callable[[], float] | None:
         return None
     tick = os.sysconf("SC_CLK_TCK")
 
+    def fields(stat: Path) -> list[str]:  # after "(comm)": state, ppid, ..., utime (11), stime, cutime, cstime (14)
+        return stat.read_text().rsplit(")", 1)[1].split()
+
+    def postmaster() -> tuple[int, int]:
+        """The postmaster's own ticks, and its reaped children's."""
+        own = fields(Path(f"/proc/{pid}/stat"))
+        return int(own[11]) + int(own[12]), int(own[13]) + int(own[14])
+
     def seconds() -> float:
-        ticks = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:  # the fields after "(comm)": state, ppid, ..., utime (11), stime, cutime, cstime (14)
-                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended meanwhile
-                continue
-            if int(entry.name) == pid:
-                ticks += sum(map(int, fields[11:15]))
-            elif int(fields[1]) == pid:
-                ticks += int(fields[11]) + int(fields[12])
-        return ticks / tick
+        # A backend that ends and is reaped while /proc is read would be counted in neither its entry nor the
+        # postmaster's children's times: read again until no child was reaped during the reading.
+        while True:
+            (_, reaped), alive = postmaster(), 0
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit() or int(entry.name) == pid:
+                    continue
+                try:
+                    child = fields(Path(entry.path, "stat"))
+                except OSError:  # ended meanwhile
+                    continue
+                if int(child[1]) == pid:
+                    alive += int(child[11]) + int(child[12])
+            own, reaped_after = postmaster()
+            if reaped_after == reaped:
+                return (own + reaped + alive) / tick
 
     return seconds
 
