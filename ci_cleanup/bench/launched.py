@@ -190,7 +190,8 @@ def postgres_cpu_clock(cur) -> Callable[[], float] | None:
         # A backend that ends and is reaped while /proc is read would be counted in neither its entry nor the
         # postmaster's children's times: read again until no child was reaped during the reading.
         while True:
-            (_, reaped), alive = postmaster(), 0
+            _, reaped = postmaster()
+            alive = 0
             for entry in os.scandir("/proc"):
                 if not entry.name.isdigit() or int(entry.name) == pid:
                     continue
