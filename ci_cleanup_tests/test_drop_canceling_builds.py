@@ -136,6 +136,58 @@ def test_batches_are_observed_at_a_bounded_rate_with_each_batchs_counts_and_rows
     assert sorted(r.data["build_id"] for o in each for r in o["dropping_outdated_builds"].value.records) == more
 
 
+def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_statistics_say(stack, engine):
+    """The queues as autovacuum may last have seen them, drained (their pages, no live row), then filled again: a
+    batch still reads, of each queue, only the rows of the builds it drops (a semi-join read the whole queue for every
+    batch there), and leaves every other row."""
+    ci, queues = on(engine, "ci_builds"), ("ci_pending_builds", "ci_running_builds")
+    queued = [dict(project_id=i % 7, type="Ci::Build", status="running", runner_id=1, lock_version=0,
+                   partition_id=100, created_at=naive_ago(minutes=5), updated_at=naive_ago(minutes=5))
+              for i in range(2000)]
+    stuck = [dict(queued[0], status="canceling", created_at=naive_ago(hours=2, seconds=i),
+                  updated_at=naive_ago(hours=2)) for i in range(100)]
+    enqueue = text("""
+        INSERT INTO ci_pending_builds (build_id, project_id, partition_id) SELECT id, project_id, partition_id
+        FROM ci_builds;
+        INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
+        SELECT id, project_id, runner_id, 1, partition_id FROM ci_builds""")
+    try:
+        with ci.begin() as conn:
+            for queue in queues:  # the statistics stay as set here for the test
+                conn.execute(text(f"ALTER TABLE {queue} SET (autovacuum_enabled = false)"))
+            conn.execute(S.ci_builds.insert(), queued)
+            conn.execute(enqueue)
+            conn.execute(text("DELETE FROM ci_pending_builds; DELETE FROM ci_running_builds"))
+        with ci.begin() as conn:
+            conn.execute(text("ANALYZE ci_pending_builds, ci_running_builds"))
+            assert conn.execute(text("SELECT relname, reltuples, relpages > 0 FROM pg_class WHERE relname IN "
+                                     "('ci_pending_builds', 'ci_running_builds') ORDER BY 1")).all() == [
+                ("ci_pending_builds", 0, True), ("ci_running_builds", 0, True)]
+            conn.execute(S.ci_builds.insert(), stuck)
+            conn.execute(enqueue)
+        statement, fixed = service.compiled_drop_statement(S, ci.dialect)
+        params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "limit": 100, "exclude": "{}"}
+        with ci.connect() as conn:
+            # The counts of this connection's earlier transactions (the set-up) flushed: the next is the batch's own.
+            conn.execute(text("SELECT pg_stat_force_next_flush()"))
+            conn.commit()
+            dropped_ids, _, left_ids = conn.exec_driver_sql(statement, {**fixed, **params}).one()
+            read = dict(conn.execute(text("""
+                SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+                WHERE relname IN ('ci_pending_builds', 'ci_running_builds')""")).all())
+            conn.commit()
+    finally:
+        with ci.begin() as conn:
+            for queue in queues:
+                conn.execute(text(f"ALTER TABLE {queue} RESET (autovacuum_enabled)"))
+    # Of each queue, the batch's 100 rows, each read twice: looked up by its build, then deleted by its id.
+    assert (sorted(dropped_ids), left_ids, read) == (
+        list(range(2001, 2101)), None, {"ci_pending_builds": 200, "ci_running_builds": 200})
+    with ci.connect() as conn:
+        assert [conn.scalar(text(f"SELECT array_agg(build_id ORDER BY build_id) FROM {queue}")) for queue in queues] \
+            == [list(range(1, 2001))] * 2
+
+
 def test_batches_follow_the_seeds_order(stack, engine, redis_client):
     same_moment = naive_ago(hours=5)
     late = create(engine, "ci_builds", project_id=1, created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))

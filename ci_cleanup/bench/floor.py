@@ -58,9 +58,13 @@ DROP = """WITH dropped AS (
                          AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
                        ORDER BY created_at, project_id, id LIMIT %(limit)s))
     AND type = 'Ci::Build' AND status = 'canceling' AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
-  RETURNING id),
-left_pending AS (DELETE FROM ci_pending_builds WHERE build_id IN (SELECT id FROM dropped)),
-left_running AS (DELETE FROM ci_running_builds WHERE build_id IN (SELECT id FROM dropped))
+  RETURNING id, partition_id),
+left_pending AS (DELETE FROM ci_pending_builds WHERE id = ANY(ARRAY(
+  SELECT q.id FROM dropped, LATERAL (SELECT id FROM ci_pending_builds
+                                    WHERE partition_id = dropped.partition_id AND build_id = dropped.id LIMIT 1) q))),
+left_running AS (DELETE FROM ci_running_builds WHERE id = ANY(ARRAY(
+  SELECT q.id FROM dropped, LATERAL (SELECT id FROM ci_running_builds
+                                    WHERE partition_id = dropped.partition_id AND build_id = dropped.id LIMIT 1) q)))
 SELECT count(*) FROM dropped"""
 
 
