@@ -122,7 +122,7 @@ EXPORTS = """WITH failed AS (
   FROM unnest(%(ids)s::bigint[], %(jids)s::text[]) AS checked(id, jid)
   WHERE j.id = checked.id AND j.jid = checked.jid AND j.status IN (0, 1)
     AND NOT (j.created_at > %(grace_cutoff)s
-             AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id))
+             AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id OFFSET 0))
   RETURNING 1),
 page AS (SELECT id, jid FROM project_export_jobs WHERE (status + 0) IN (0, 1) AND id > %(after)s ORDER BY id
           LIMIT %(limit)s)  -- the primary key walked, as the job's pages of a backlog

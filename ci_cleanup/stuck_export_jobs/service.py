@@ -28,7 +28,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    exists,
     func,
     literal_column,
     or_,
@@ -230,9 +229,13 @@ def _checked_and_outcome(schema: GitLabSchema):
     j, r = schema.project_export_jobs, schema.project_relation_exports
     ids, jids = array_param("ids", BigInteger), array_param("jids", String)
     checked = func.unnest(ids, jids).table_valued("id", "jid").render_derived(name="checked")
-    # created_at first: PostgreSQL evaluates it before the subquery, which only a young job then needs.
+    # created_at first: PostgreSQL evaluates it before the subquery, which only a young job then needs. The subquery
+    # is one index probe per young job, whatever project_relation_exports' statistics say: OFFSET 0 keeps PostgreSQL
+    # from turning it into a hashed subplan, which reads the whole table for every chunk and which it chose when the
+    # statistics said the table was empty (60,000 rows read per chunk in the benchmark's tables, 14 -> 28 ms).
     young = j.c.created_at > bindparam("grace_cutoff", type_=TIMESTAMPTZ)
-    in_grace = and_(young, exists().where(r.c.project_export_job_id == j.c.id))
+    relation_exports = select(literal_column("1")).where(r.c.project_export_job_id == j.c.id)
+    in_grace = and_(young, relation_exports.offset(literal_column("0")).exists())
     outcome = case(
         (or_(j.c.id.is_(None), j.c.status.not_in(ENQUEUED)), "left"),
         (j.c.jid != checked.c.jid, "reenqueued"),
