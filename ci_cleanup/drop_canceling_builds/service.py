@@ -176,9 +176,9 @@ def drop_statement(
     # up for each dropped build by (partition_id, build_id), the key of GitLab's foreign key to its build (LATERAL,
     # LIMIT 1: a lookup per build, never folded into a join), then deleted by id: the plan no longer follows the
     # queue's statistics. As a semi-join (`build_id IN (SELECT …)`) it did: with the statistics autovacuum leaves on a
-    # queue it saw drained, the queue was taken for one row and a nested loop read all of it for every batch (1.2 s
-    # a batch with 100,000 builds queued, planned so after 2 of 37 benchmark resets); `build_id = ANY(…)` read the
-    # whole (partition_id, build_id) index there.
+    # queue it saw drained, the queue was taken for one row and a nested loop read all of it for every batch (1.8-1.9
+    # s for a batch of 7-12 ms with 100,000 builds queued, planned so after 2 of 37 benchmark resets);
+    # `build_id = ANY(…)` read the whole (partition_id, build_id) index there.
     def of_dropped(queue):
         row = queue.alias()
         found = (
