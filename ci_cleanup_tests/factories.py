@@ -147,3 +147,43 @@ def backend_waiting_on_lock(engine: Engine, query_like: str = "%") -> int:
             return pid
         time.sleep(0.05)
     raise AssertionError("no backend ever waited on the lock")
+
+
+@contextlib.contextmanager
+def statistics_say_empty(engine: Engine, fill, *tables: str):
+    """While open, ``tables`` (of ``engine``'s database) hold what ``fill`` (a statement) writes, but their
+    statistics say they are empty, as autovacuum leaves them after it saw them drained: ``fill`` run, its rows
+    deleted, the tables analyzed (their pages, no live row), ``fill`` run again; autovacuum off for them meanwhile."""
+    names = ", ".join(tables)
+    try:
+        with engine.begin() as conn:
+            for table in tables:
+                conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+            conn.execute(fill)
+            conn.execute(text(";".join(f"DELETE FROM {table}" for table in tables)))
+        with engine.begin() as conn:
+            conn.execute(text(f"ANALYZE {names}"))
+            stats = conn.execute(text("SELECT reltuples, relpages > 0 FROM pg_class WHERE relname = ANY(:tables)"),
+                                 {"tables": list(tables)}).all()
+            assert stats == [(0, True)] * len(tables)
+            conn.execute(fill)
+        yield
+    finally:
+        with engine.begin() as conn:
+            for table in tables:
+                conn.execute(text(f"ALTER TABLE {table} RESET (autovacuum_enabled)"))
+
+
+def rows_read(engine: Engine, run, *tables: str) -> tuple:
+    """``run(conn)``'s result, in a transaction of its own, and the rows it read of each of ``tables`` (sequential
+    scans' and index fetches', PostgreSQL's counters of that transaction)."""
+    with engine.connect() as conn:
+        # The counts of this connection's earlier transactions flushed: the next transaction's are its own.
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
+        result = run(conn)
+        read = dict(conn.execute(text(
+            "SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
+            "WHERE relname = ANY(:tables)"), {"tables": list(tables)}).all())
+        conn.commit()
+    return result, read

@@ -15,7 +15,17 @@ from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
-from .factories import S, create, ids, naive_ago, row, updates_refused, updates_skipped
+from .factories import (
+    S,
+    create,
+    ids,
+    naive_ago,
+    row,
+    rows_read,
+    statistics_say_empty,
+    updates_refused,
+    updates_skipped,
+)
 from .harness import gitlab_database, on
 from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
@@ -151,35 +161,13 @@ def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_sta
         FROM ci_builds;
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
         SELECT id, project_id, runner_id, 1, partition_id FROM ci_builds""")
-    try:
-        with ci.begin() as conn:
-            for queue in queues:  # the statistics stay as set here for the test
-                conn.execute(text(f"ALTER TABLE {queue} SET (autovacuum_enabled = false)"))
-            conn.execute(S.ci_builds.insert(), queued)
-            conn.execute(enqueue)
-            conn.execute(text("DELETE FROM ci_pending_builds; DELETE FROM ci_running_builds"))
-        with ci.begin() as conn:
-            conn.execute(text("ANALYZE ci_pending_builds, ci_running_builds"))
-            assert conn.execute(text("SELECT relname, reltuples, relpages > 0 FROM pg_class WHERE relname IN "
-                                     "('ci_pending_builds', 'ci_running_builds') ORDER BY 1")).all() == [
-                ("ci_pending_builds", 0, True), ("ci_running_builds", 0, True)]
-            conn.execute(S.ci_builds.insert(), stuck)
-            conn.execute(enqueue)
-        statement, fixed = service.compiled_drop_statement(S, ci.dialect)
-        params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "limit": 100, "exclude": "{}"}
-        with ci.connect() as conn:
-            # The counts of this connection's earlier transactions (the set-up) flushed: the next is the batch's own.
-            conn.execute(text("SELECT pg_stat_force_next_flush()"))
-            conn.commit()
-            dropped_ids, _, left_ids = conn.exec_driver_sql(statement, {**fixed, **params}).one()
-            read = dict(conn.execute(text("""
-                SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
-                WHERE relname IN ('ci_pending_builds', 'ci_running_builds')""")).all())
-            conn.commit()
-    finally:
-        with ci.begin() as conn:
-            for queue in queues:
-                conn.execute(text(f"ALTER TABLE {queue} RESET (autovacuum_enabled)"))
+    with ci.begin() as conn:
+        conn.execute(S.ci_builds.insert(), queued + stuck)
+    statement, fixed = service.compiled_drop_statement(S, ci.dialect)
+    params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "limit": 100, "exclude": "{}"}
+    with statistics_say_empty(ci, enqueue, *queues):
+        (dropped_ids, _, left_ids), read = rows_read(
+            ci, lambda conn: conn.exec_driver_sql(statement, {**fixed, **params}).one(), *queues)
     # Of each queue, the batch's 100 rows, each read twice: looked up by its build, then deleted by its id.
     assert (sorted(dropped_ids), left_ids, read) == (
         list(range(2001, 2101)), None, {"ci_pending_builds": 200, "ci_running_builds": 200})

@@ -17,7 +17,18 @@ from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.stuck_export_jobs import service
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs, stuck_export_jobs_schedule
 
-from .factories import S, ago, backend_waiting_on_lock, create, ids, row, updates_refused, updates_skipped
+from .factories import (
+    S,
+    ago,
+    backend_waiting_on_lock,
+    create,
+    ids,
+    row,
+    rows_read,
+    statistics_say_empty,
+    updates_refused,
+    updates_skipped,
+)
 from .harness import gitlab_database, on
 from .runner import failure_messages, op_metadata, run_job
 
@@ -277,33 +288,16 @@ def test_the_grace_check_probes_each_young_job_whatever_the_relation_exports_sta
         INSERT INTO project_relation_exports (project_export_job_id, project_id, relation, created_at, updated_at)
         SELECT 100000 + g, 1, 'issues', now(), now() FROM generate_series(1, 2000) g""")
     young = [export_job(engine, f"jid-{i}", STARTED) for i in range(20)]
-    try:
-        with main.begin() as conn:
-            conn.execute(text("ALTER TABLE project_relation_exports SET (autovacuum_enabled = false)"))
-            conn.execute(others)
-            conn.execute(text("DELETE FROM project_relation_exports"))
-        with main.begin() as conn:
-            conn.execute(text("ANALYZE project_relation_exports"))
-            assert conn.execute(text("SELECT reltuples, relpages > 0 FROM pg_class "
-                                     "WHERE relname = 'project_relation_exports'")).one() == (0, True)
-            conn.execute(others)
+    with statistics_say_empty(main, others, "project_relation_exports"):
         for job_id in young[::2]:
             create(engine, "project_relation_exports", project_export_job_id=job_id, relation="issues")
         params = {**service.completed_params([service.Export(job_id, f"jid-{i}") for i, job_id in enumerate(young)],
                                              ago(hours=6)), "now": utc_now()}
-        with main.connect() as conn:
-            # The counts of this connection's earlier transactions flushed: the next is the statement's own.
-            conn.execute(text("SELECT pg_stat_force_next_flush()"))
-            conn.commit()
-            failed, spared, outcomes = conn.execute(service.fail_statement(S), params).one()
-            read = conn.scalar(text("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
-                                    "WHERE relname = 'project_relation_exports'"))
-            conn.commit()
-    finally:
-        with main.begin() as conn:
-            conn.execute(text("ALTER TABLE project_relation_exports RESET (autovacuum_enabled)"))
+        (failed, spared, outcomes), read = rows_read(
+            main, lambda conn: conn.execute(service.fail_statement(S), params).one(), "project_relation_exports")
     # The young jobs' own 10 relation exports, each read twice (the UPDATE's rule, then the spared jobs' outcomes).
-    assert (sorted(failed), spared, set(outcomes), read) == (young[1::2], young[::2], {"parallel_in_grace"}, 20)
+    assert (sorted(failed), spared, set(outcomes), read["project_relation_exports"]) == (
+        young[1::2], young[::2], {"parallel_in_grace"}, 20)
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == young[1::2]
 
 
