@@ -421,7 +421,9 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
         result = run(*args)
         client = _client_cpu() - client
         figures.client_cpu[contender].append(client)
-        figures.cpu[contender].append(client + postgres_cpu() - server)
+        # The server's delta first: in whole ticks, often exactly 0 for a short run, and client + after - before in
+        # floating point then came out a hair below the client's own CPU.
+        figures.cpu[contender].append(client + (postgres_cpu() - server))
         return result
 
     def run_contender(contender: str) -> tuple[float, float | None, int]:
