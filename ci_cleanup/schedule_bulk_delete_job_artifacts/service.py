@@ -31,16 +31,26 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    false,
     func,
     insert,
     or_,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ..gitlab import artifact_buckets
-from ..gitlab.schema import ARTIFACT_TRACE, ARTIFACT_UNLOCKED, FILE_STORE_LOCAL, TIMESTAMPTZ, GitLabSchema, utc_now
+from ..gitlab.schema import (
+    ARTIFACT_TRACE,
+    ARTIFACT_UNLOCKED,
+    FILE_STORE_LOCAL,
+    TIMESTAMPTZ,
+    GitLabSchema,
+    driver_sql,
+    utc_now,
+)
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
 HIGH_CONCURRENCY_FLAG = "bulk_delete_job_artifacts_high_concurrency"
@@ -67,10 +77,19 @@ class Flags:
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
     """The cron worker's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
 
-    The bucket workers read the same query in each batch's statement (:func:`batch_statement`).
+    The bucket workers read it again before each batch: as driver SQL compiled once (:func:`compiled`).
     """
-    found = conn.execute(flags_query(schema)).one()
-    return Flags(enabled=found.enabled, max_buckets=found.max_buckets)
+    statement, fixed = compiled(flags_query(schema), conn.dialect)
+    enabled, max_buckets = conn.exec_driver_sql(statement, fixed).one()
+    return Flags(enabled=enabled, max_buckets=max_buckets)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled(statement: Select, dialect: Dialect) -> tuple[str, dict]:
+    """A statement built once (:func:`flags_query`, :func:`batch_statement`) compiled once, run as driver SQL
+    (:func:`~ci_cleanup.gitlab.schema.driver_sql`): SQLAlchemy's cache key, built again for each execution, cost
+    more than the rest of a worker's Python per batch."""
+    return driver_sql(statement, dialect)
 
 
 @functools.lru_cache(maxsize=8)
@@ -80,7 +99,7 @@ def flags_query(schema: GitLabSchema) -> Select:
     gates = schema.feature_gates
     high_concurrency = func.bool_or(gates.c.feature_key == HIGH_CONCURRENCY_FLAG)
     return select(
-        func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), False).label("enabled"),
+        func.coalesce(func.bool_or(gates.c.feature_key == FEATURE_FLAG), false()).label("enabled"),
         case((high_concurrency, MAX_BUCKETS_HIGH_CONCURRENCY), else_=MAX_BUCKETS).label("max_buckets"),
     ).where(
         # An array, not an expanding IN, which would be rendered again for every batch.
@@ -107,7 +126,7 @@ def expired_in_bucket(
         # instead of reading the expire_at index in order (45 ms vs 0.2 ms a batch at 1 M artifacts). A
         # boolean CASE is guessed at a third, close enough for the ordered index scan.
         # In numeric: a project_id + job_id past 2^63-1 (a bad row) would make bigint's + fail every batch.
-        case((func.mod(cast(a.c.project_id, Numeric) + a.c.job_id, max_buckets) == bucket, True), else_=False),
+        case((func.mod(cast(a.c.project_id, Numeric) + a.c.job_id, max_buckets) == bucket, true()), else_=false()),
     )
 
 
@@ -256,10 +275,10 @@ def delete_batch(
         "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
         "max_buckets": max_buckets, **pick_up_at_bounds(now),
     }
-    found = conn.execute(batch_statement(schema), params).one()
+    statement, fixed = compiled(batch_statement(schema), conn.dialect)
+    last_expire_at, last_id, ids, size, deleted_objects = conn.exec_driver_sql(statement, {**fixed, **params}).one()
     return DeletedBatch(
-        ids=found.ids or [], size=found.size, deleted_objects=found.deleted_objects,
-        last=(found.last_expire_at, found.last_id) if found.ids else after,
+        ids=ids or [], size=size, deleted_objects=deleted_objects, last=(last_expire_at, last_id) if ids else after
     )
 
 
