@@ -39,7 +39,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, array
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab import artifact_buckets
 from ..gitlab.schema import (
@@ -77,19 +77,13 @@ class Flags:
 def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
     """The cron worker's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5.
 
-    The bucket workers read it again before each batch: as driver SQL compiled once (:func:`compiled`).
+    The bucket workers read it again before each batch: as driver SQL compiled once
+    (:func:`~ci_cleanup.gitlab.schema.driver_sql`; SQLAlchemy's cache key, built again for each execution, cost more
+    than the rest of a worker's Python per batch).
     """
-    statement, fixed = compiled(flags_query(schema), conn.dialect)
+    statement, fixed = driver_sql(flags_query(schema), conn.dialect)
     enabled, max_buckets = conn.exec_driver_sql(statement, fixed).one()
     return Flags(enabled=enabled, max_buckets=max_buckets)
-
-
-@functools.lru_cache(maxsize=8)
-def compiled(statement: Select, dialect: Dialect) -> tuple[str, dict]:
-    """A statement built once (:func:`flags_query`, :func:`batch_statement`) compiled once, run as driver SQL
-    (:func:`~ci_cleanup.gitlab.schema.driver_sql`): SQLAlchemy's cache key, built again for each execution, cost
-    more than the rest of a worker's Python per batch."""
-    return driver_sql(statement, dialect)
 
 
 @functools.lru_cache(maxsize=8)
@@ -275,7 +269,7 @@ def delete_batch(
         "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
         "max_buckets": max_buckets, **pick_up_at_bounds(now),
     }
-    statement, fixed = compiled(batch_statement(schema), conn.dialect)
+    statement, fixed = driver_sql(batch_statement(schema), conn.dialect)
     last_expire_at, last_id, ids, size, deleted_objects = conn.exec_driver_sql(statement, {**fixed, **params}).one()
     return DeletedBatch(
         ids=ids or [], size=size, deleted_objects=deleted_objects, last=(last_expire_at, last_id) if ids else after

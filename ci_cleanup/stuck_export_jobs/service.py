@@ -36,7 +36,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab import sidekiq_status
@@ -314,13 +314,6 @@ def fail_and_page_statement(schema: GitLabSchema, walk: bool) -> Select:
     return select(*chunk.c, *page.c).select_from(chunk.join(page, true()))
 
 
-@functools.lru_cache(maxsize=8)
-def compiled_fail_statement(schema: GitLabSchema, dialect: Dialect, page: bool, walk: bool) -> tuple[str, dict]:
-    """:func:`fail_and_page_statement` (``page``) or :func:`fail_statement`, compiled once for ``dialect`` and run as
-    driver SQL (:func:`~ci_cleanup.gitlab.schema.driver_sql`)."""
-    return driver_sql(fail_and_page_statement(schema, walk) if page else fail_statement(schema), dialect)
-
-
 def completed_params(completed: Sequence[Export], grace_cutoff: dt.datetime) -> dict:
     """The re-read's and the UPDATE's parameters for these ``(id, jid)`` rows: two array literals
     (:func:`~ci_cleanup.gitlab.schema.array_param`)."""
@@ -388,11 +381,11 @@ def _fail(
     others' outcomes by id, and ``next_page`` if asked for (:func:`fail_and_page_statement`)."""
     params = {**completed_params(jobs, grace_cutoff), "now": now}
     if next_page is None:
-        statement, fixed = compiled_fail_statement(schema, conn.dialect, page=False, walk=False)
+        statement, fixed = driver_sql(fail_statement(schema), conn.dialect)  # compiled once
         failed, spared, outcomes = conn.exec_driver_sql(statement, {**fixed, **params}).one()
         page = None
     else:
-        statement, fixed = compiled_fail_statement(schema, conn.dialect, page=True, walk=next_page.walk)
+        statement, fixed = driver_sql(fail_and_page_statement(schema, next_page.walk), conn.dialect)
         params = {**fixed, **params, **next_page.params()}
         failed, spared, outcomes, ids, jids = conn.exec_driver_sql(statement, params).one()
         page = _exports(ids, jids)
