@@ -244,18 +244,19 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     logged = []
     figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path, log=logged.append)
     assert figures.rows == 50 and figures.batches == 1
-    # Each contender once untimed first (the warm-up), then the two rounds counted.
-    assert [line.split(":")[0] for line in logged[:4]] == [
+    # Each contender once untimed first (the warm-up), then the two rounds counted, the idle run among them.
+    assert [line.split(":")[0] for line in logged[:5]] == [
         f"  drop_canceling_builds warm-up {c}" for c in launched.CONTENDERS] + ["  drop_canceling_builds round 1 job"]
-    assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2]
+    assert [len(figures.seconds[c]) for c in (*launched.CONTENDERS, "run_record")] == [2, 2, 2, 2, 2]
+    # The rounds' idle runs (timed to RUN_SUCCESS, as the job is) changed nothing.
+    assert [line.split(": ")[1].split(" in ")[0] for line in logged if " round " in line and " idle: " in line] == [
+        "0 rows", "0 rows"]
+    # After the rounds, the whole-process idle runs, each beside a bare one.
     assert len(figures.idle) == len(figures.bare) == launched.IDLE_RUNS and figures.idle_s > 0
-    # Each idle run timed both ways: to its RUN_SUCCESS (as "job", for the work), and whole.
-    assert len(figures.idle_to_success) == launched.IDLE_RUNS
-    assert all(0 < success < whole for success, whole in zip(figures.idle_to_success, figures.idle))
+    assert 0 < max(figures.seconds["idle"]) and min(figures.idle) > 0
     # The CPU of every counted run (the fixture's PostgreSQL runs on this machine): a launch spends more than the
     # floor's one batch, in its own process.
-    assert {c: len(cpu) for c, cpu in figures.cpu.items()} == {"job": 2, "floor": 2, "service": 2,
-                                                                 "idle": launched.IDLE_RUNS}
+    assert {c: len(cpu) for c, cpu in figures.cpu.items()} == {"job": 2, "floor": 2, "service": 2, "idle": 2}
     assert min(figures.cpu["job"]) > max(figures.cpu["floor"]) > 0
     # The client's part of each run: in the launch's own processes, more than the floor's loop in this one.
     assert {c: len(cpu) for c, cpu in figures.client_cpu.items()} == {c: len(cpu) for c, cpu in figures.cpu.items()}
@@ -275,8 +276,8 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         bare = instance.get_run_records(RunsFilter(job_name=NAME))
         assert [r.dagster_run.status for r in bare] == [DagsterRunStatus.SUCCESS] * launched.IDLE_RUNS
         jobs = instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"))
-        assert sorted(r.dagster_run.tags["ci_cleanup/rows_changed"] for r in jobs) == ["0"] * launched.IDLE_RUNS + [
-            "50"] * 3  # the warm-up and two rounds
+        changed = sorted(r.dagster_run.tags["ci_cleanup/rows_changed"] for r in jobs)
+        assert changed == ["0"] * (launched.IDLE_RUNS + 3) + ["50"] * 3  # warm-up and two rounds: job's, idle run's
         for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)
 
@@ -299,27 +300,28 @@ def test_deployed_section_is_replaced_not_repeated():
 
 
 def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_start_up_over_the_bare_job(tmp_path):
-    """Work = (job − the job's idle run) / floor, medians; start-up = the job's idle run − the bare job's."""
+    """Work = (job − the round's idle run) / floor, the median of the rounds'; start-up = the job's idle run − the
+    bare job's."""
     from argparse import Namespace
 
     from ci_cleanup.bench import run
 
     quick = launched.Launched("stuck_export_jobs", 100, rows=100, batches=1)
-    quick.seconds.update(job=[10.0, 12.0, 11.0], floor=[6.0, 6.0, 7.0], service=[8.0, 8.0, 8.0],
-                         run_record=[9.0, 9.0, 9.0])
-    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]
-    quick.idle_to_success = [0.9, 1.9, 2.0, 2.9, 1.9]  # work 11 − 1.9 = 9.1 s against a 6 s floor: 1.52
-    # CPU, job − idle run − floor: 7.5 − 1.5 − 5.2 = 0.8 s over 1 batch; service 5.6 − 5.2
-    quick.cpu.update(job=[7.5, 7.0, 8.0], floor=[5.2, 5.0, 5.3], service=[5.6, 5.6, 5.6], idle=[1.5] * 5)
+    # Work, round by round: 9 / 6, 10 / 8, 12 / 9 -> 1.33; from the medians, (12 − 2) / 8 = 1.25.
+    quick.seconds.update(job=[10.0, 12.0, 14.0], idle=[1.0, 2.0, 2.0], floor=[6.0, 8.0, 9.0],
+                         service=[8.0, 8.0, 8.0], run_record=[9.0, 9.0, 9.0])
+    quick.idle = [1.0, 2.0, 2.0, 3.0, 2.0]  # whole process, after the rounds
+    # CPU, job − idle run − floor: 0.8, 0.5, 1.2 -> 0.8 s over 1 batch; service − floor: 0.4, 0.6, 0.3 -> 0.4
+    quick.cpu.update(job=[7.5, 7.0, 8.0], floor=[5.2, 5.0, 5.3], service=[5.6, 5.6, 5.6], idle=[1.5] * 3)
     # The client's part: job − idle run − floor: 1.6 − 1.2 − 0.1 = 0.3 s over 1 batch; service 0.25 − 0.1
-    quick.client_cpu.update(job=[1.6] * 3, floor=[0.1] * 3, service=[0.25] * 3, idle=[1.2] * 5)
+    quick.client_cpu.update(job=[1.6] * 3, floor=[0.1] * 3, service=[0.25] * 3, idle=[1.2] * 3)
     quick.bare = [0.8, 1.7, 1.6, 2.6, 1.9]  # idle − bare, pair by pair: 0.2 0.3 0.4 0.4 0.1 -> 0.30
     slow_start = launched.Launched("drop_canceling_builds", 100, rows=100, batches=1)
-    slow_start.seconds.update(job=[20.0, 20.0, 21.0], floor=[17.0, 17.0, 16.0], service=[18.0, 18.0, 18.0],
-                              run_record=[18.0, 18.0, 18.0])
-    slow_start.idle = slow_start.idle_to_success = [3.0, 3.0, 3.0, 2.9, 3.1]  # work 17 s against 17 s: 1.00
-    slow_start.cpu.update(job=[9.0] * 3, floor=[7.0] * 3, service=[7.1] * 3, idle=[2.0] * 5)  # 0.0 / 0.1 s
-    slow_start.client_cpu.update(job=[1.6] * 3, floor=[0.2] * 3, service=[0.2] * 3, idle=[1.3] * 5)  # 0.1 / 0.0 s
+    slow_start.seconds.update(job=[20.0, 20.0, 21.0], idle=[3.0] * 3, floor=[17.0, 17.0, 16.0],
+                              service=[18.0, 18.0, 18.0], run_record=[18.0, 18.0, 18.0])  # work 1.00, 1.00, 1.125
+    slow_start.idle = [3.0, 3.0, 3.0, 2.9, 3.1]
+    slow_start.cpu.update(job=[9.0] * 3, floor=[7.0] * 3, service=[7.1] * 3, idle=[2.0] * 3)  # 0.0 / 0.1 s
+    slow_start.client_cpu.update(job=[1.6] * 3, floor=[0.2] * 3, service=[0.2] * 3, idle=[1.3] * 3)  # 0.1 / 0.0 s
     slow_start.bare = [1.5, 1.6, 1.7, 1.8, 1.9]  # idle − bare: 1.5 1.4 1.3 1.1 1.2 -> 1.30
     bare = quick.bare + slow_start.bare
     args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
@@ -329,9 +331,10 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
                        load={"before": (1, 1, 1), "after": (1, 1, 1)}, daemon_s=None, bare=bare)
     markdown = path.read_text()
     headline = markdown.split("## The jobs as the daemon runs them, against their floor\n")[1].split("\n## ")[0]
-    assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.52\nstartup_over_bare_s=1.30"
+    assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.33\nstartup_over_bare_s=1.30"
                                       "\nbatch_cpu_over_floor_ms_max=800.00\nbatch_client_cpu_over_floor_ms_max=300.00")
-    assert "| 1.52 |" in headline and "| 0.30 |" in headline and "| 1.30 |" in headline
+    assert "| 1.33; 1.25 |" in headline and "| 1.00; 1.00 |" in headline
+    assert "| 0.30 |" in headline and "| 1.30 |" in headline
     assert "| 800.00 / 400.00 | 300.00 / 150.00 |" in headline and "| 0.00 / 100.00 | 100.00 / 0.00 |" in headline
     assert "PREPARE" in headline and "statement text each batch" in headline
     assert "job_vs_floor_max" not in markdown and markdown.rstrip().endswith("| services |")

@@ -76,10 +76,10 @@ RUN_CONFIG = {  # YAML, written as JSON
         {"ops": {"find_auto_stoppable_environments": {"config": {"max_loops": ENVS_MAX_LOOPS}}}}
     ),
 }
-CONTENDERS = ("job", "floor", "service")
+CONTENDERS = ("job", "floor", "service", "idle")  # "idle": the job launched with nothing to do, in each round
 DEPLOYED = "deployed"
 DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
-IDLE_RUNS = 7  # launches with nothing to do per job, each beside one of the bare job (medians are the figures)
+IDLE_RUNS = 7  # whole-process idle launches per job after the rounds, each beside one of the bare job
 
 
 @dataclass
@@ -88,36 +88,39 @@ class Launched:
     candidates: int
     rows: int = 0
     batches: int = 0
+    # Per contender, one figure a round, in round order: a round's figures are the same index of each list.
     seconds: dict[str, list[float]] = field(
         default_factory=lambda: {c: [] for c in (*CONTENDERS, DEPLOYED, "run_record")})
     idle: list[float] = field(default_factory=list)  # `dagster job execute` with nothing to do, whole process
-    idle_to_success: list[float] = field(default_factory=list)  # the same runs, launch -> RUN_SUCCESS, as "job"
     bare: list[float] = field(default_factory=list)  # the bare Dagster job, each launched beside an idle run
-    # CPU seconds of the client's processes and PostgreSQL's together, per run of "job", "floor", "service" and
-    # "idle" (whole processes); empty where PostgreSQL's processes cannot be read (a server on another machine).
-    cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "idle")})
+    # CPU seconds of the client's processes and PostgreSQL's together, per run of each contender (whole
+    # processes); empty where PostgreSQL's processes cannot be read (a server on another machine).
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
     # The client's part of the same runs: what ci_cleanup and Dagster spend in Python (statements built, results
     # read, events written), without PostgreSQL's work on the statements, which the floor's plans share.
-    client_cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in (*CONTENDERS, "idle")})
+    client_cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
 
     @property
     def idle_s(self) -> float:
         return statistics.median(self.idle)
 
-    @property
-    def idle_to_success_s(self) -> float:
-        """The idle run timed as the job is, launch -> RUN_SUCCESS: what the work figures take off the job."""
-        return statistics.median(self.idle_to_success)
-
     def median(self, contender: str) -> float:
         return statistics.median(self.seconds[contender])
 
+    @staticmethod
+    def paired(figure: Callable[..., float], *series: list[float]) -> float:
+        """The median over the rounds of ``figure`` of each round's own figures: a busier moment of the machine
+        weighs on both sides of a round alike, where a ratio of medians sets one round's job against another's
+        floor."""
+        return statistics.median(figure(*values) for values in zip(*series, strict=True))
+
     @property
     def deployed_vs_direct(self) -> float | None:
-        """The launched job through PgBouncer with two database URLs over the same launch direct: the median of the
-        rounds' ratios (each round's two launches ran back to back, so a busy moment of the machine weighs on both)."""
-        pairs = zip(self.seconds[DEPLOYED], self.seconds["job"])
-        return statistics.median(deployed / direct for deployed, direct in pairs) if self.seconds[DEPLOYED] else None
+        """The launched job through PgBouncer with two database URLs over the same launch direct, per round (each
+        round's two launches ran back to back)."""
+        if not self.seconds[DEPLOYED]:
+            return None
+        return self.paired(lambda deployed, direct: deployed / direct, self.seconds[DEPLOYED], self.seconds["job"])
 
     @property
     def vs_floor(self) -> float:
@@ -125,39 +128,51 @@ class Launched:
 
     @property
     def work_vs_floor(self) -> float:
-        """The job with its idle run (start-up, run start and end) taken off, against the floor: both launches timed
-        alike, to their RUN_SUCCESS."""
-        return (self.median("job") - self.idle_to_success_s) / self.median("floor")
+        """The job with its idle run (start-up, run start and end) taken off, against the floor, per round: both
+        launches timed alike, to their RUN_SUCCESS."""
+        return self.paired(lambda job, idle, floor: (job - idle) / floor, *self._series("job", "idle", "floor"))
+
+    @property
+    def work_vs_floor_of_medians(self) -> float:
+        """The same from the contenders' medians, whichever rounds they came from."""
+        return (self.median("job") - self.median("idle")) / self.median("floor")
 
     @property
     def idle_over_bare(self) -> float:
         """The job's idle run over the bare Dagster job's launched beside it (median of the pairs, whole process):
-        what its own start-up (imports, resources, run start and end) adds to Dagster's. Pairs, so that a busier
-        moment of the machine weighs on both sides alike."""
-        return statistics.median(idle - bare for idle, bare in zip(self.idle, self.bare))
+        what its own start-up (imports, resources, run start and end) adds to Dagster's."""
+        return self.paired(lambda idle, bare: idle - bare, self.idle, self.bare)
 
     @property
     def dagster_ms_per_batch(self) -> float:
-        """Job minus service, spread over the batches (start-up included)."""
-        return (self.median("job") - self.median("service")) * 1000 / max(1, self.batches)
+        """Job minus service per round, spread over the batches (start-up included)."""
+        return self.paired(lambda job, service: job - service, *self._series("job", "service")) * 1000 / max(
+            1, self.batches)
 
     @property
     def dagster_ms_per_batch_after_startup(self) -> float:
         """The same without the idle run's cost (process start, imports, run start and end)."""
-        return (self.median("job") - self.idle_to_success_s - self.median("service")) * 1000 / max(1, self.batches)
+        series = self._series("job", "idle", "service")
+        return self.paired(lambda job, idle, service: job - idle - service, *series) * 1000 / max(1, self.batches)
+
+    def _series(self, *contenders: str, cpu: dict[str, list[float]] | None = None) -> list[list[float]]:
+        """Each contender's figures, a round each (seconds, or those of ``cpu``)."""
+        return [(cpu or self.seconds)[c] for c in contenders]
 
     def cpu_ms_per_batch_over_floor(self, contender: str, *, client_only: bool = False) -> float | None:
-        """The CPU per batch (the client's and PostgreSQL's, medians; ``client_only``: the client's) a contender
-        spends beyond the floor's; the launched job's with its idle run's taken off. CPU leaves out the waits that
-        wall time counts (the disk, the machine's other processes), not a slower moment of the machine: on a shared
-        one, the same work's CPU still moves by about a tenth from run to run, PostgreSQL's most."""
+        """The CPU per batch (the client's and PostgreSQL's; ``client_only``: the client's) a contender spends
+        beyond the floor's, per round; the launched job's with its round's idle run's taken off. CPU leaves out the
+        waits that wall time counts (the disk, the machine's other processes), not a slower moment of the machine:
+        on a shared one, the same work's CPU still moves by about a tenth from run to run, PostgreSQL's most."""
         cpu = self.client_cpu if client_only else self.cpu
         if not cpu["floor"]:
             return None
-        used = statistics.median(cpu[contender])
         if contender == "job":
-            used -= statistics.median(cpu["idle"])
-        return (used - statistics.median(cpu["floor"])) * 1000 / max(1, self.batches)
+            over = self.paired(lambda job, idle, floor: job - idle - floor, *self._series("job", "idle", "floor",
+                                                                                         cpu=cpu))
+        else:
+            over = self.paired(lambda used, floor: used - floor, *self._series(contender, "floor", cpu=cpu))
+        return over * 1000 / max(1, self.batches)
 
 
 def _client_cpu() -> float:
@@ -404,7 +419,8 @@ def round_order(contenders: tuple[str, ...], r: int) -> tuple[str, ...]:
 def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print,
               deployed_env: dict[str, str] | None = None, contenders: tuple[str, ...] = CONTENDERS) -> Launched:
     """``contenders`` in a changing order each round (with "deployed" when ``deployed_env`` is given), then the
-    job's idle runs when the floor is among them (they only serve the comparison with the floor)."""
+    job's whole-process idle runs beside the bare job's when the floor is among them (they only serve the
+    comparison with the floor)."""
     figures = Launched(job, n)
     contenders = (*contenders, DEPLOYED) if deployed_env else contenders
     before = add_candidates(engine, client, job, n)
@@ -428,8 +444,10 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
 
     def run_contender(contender: str) -> tuple[float, float | None, int]:
         """Seconds, the run record's seconds (launched runs) and rows changed."""
-        if contender in ("job", DEPLOYED):
+        if contender in ("job", "idle", DEPLOYED):
             seconds, run_s, _, rows = launch({**env, **deployed_env} if contender == DEPLOYED else env, job, log_dir)
+            if contender == "idle" and rows:
+                raise AssertionError(f"{job}'s idle run changed {rows} rows: it was meant to find nothing to do")
             return seconds, run_s, rows
         started = time.perf_counter()
         if contender == "floor":
@@ -444,17 +462,20 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
         # One untimed run of every contender first: the rounds then all meet warm caches (PostgreSQL's buffers after
         # its start, the system's for the tables and the virtualenv's files), not only the rounds after the first.
         for contender in contenders:
-            reset(cur, job, before)
+            reset(cur, job, before, candidates=contender != "idle")
             log(f"  {job} warm-up {contender}: {run_contender(contender)[0]:.2f} s (not counted)")
         expected = None
         for r in range(rounds):
             order = round_order(contenders, r)
             for contender in order:
-                reset(cur, job, before)
+                reset(cur, job, before, candidates=contender != "idle")
                 seconds, run_s, rows = cpu_of(contender, run_contender, contender)
                 figures.seconds[contender].append(seconds)
                 if contender == "job":
                     figures.seconds["run_record"].append(run_s)
+                log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
+                if contender == "idle":
+                    continue
                 state = digest(cur, job, before, recent)
                 if expected is None:
                     expected, figures.rows = state, rows
@@ -462,15 +483,12 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                     raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than "
                                          "the first run:"
                                          f"\n{state}\n!=\n{expected}")
-                log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
         if "floor" in contenders:
             reset(cur, job, before, candidates=False)  # checkpointed: the rounds' writes on disk before the idle runs
             for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
                 for idle in (True, False) if i % 2 == 0 else (False, True):
                     if idle:
-                        to_success, _, whole, _ = cpu_of("idle", launch, env, job, log_dir)
-                        figures.idle.append(whole)
-                        figures.idle_to_success.append(to_success)
+                        figures.idle.append(launch(env, job, log_dir)[2])
                     else:
                         figures.bare.append(launch(env, bare_job.NAME, log_dir, ("-f", bare_job.__file__))[2])
             log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s; "

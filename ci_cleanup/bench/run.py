@@ -188,7 +188,7 @@ def launched_table(results: list[launched.Launched], bare: list[float]) -> str:
     head = (
         "| job | candidates | batches | job s: launch → RUN_SUCCESS, min / median / max | run record start → end s "
         "| floor s, min / median / max | service s (no Dagster) | job vs floor, start-up included "
-        "| job − idle run, vs floor (≤1.15) "
+        "| job − idle run, vs floor (≤1.15); of medians "
         "| floor rows/s | Dagster ms/batch (job − service) | same, idle run subtracted "
         "| idle `dagster job execute` s, min / median / max (≤2.5) | idle − bare s (≤0.4) "
         "| CPU ms/batch over floor: job − idle run / service (≤0.3) | the client's part: job − idle run / service |"
@@ -199,8 +199,9 @@ def launched_table(results: list[launched.Launched], bare: list[float]) -> str:
             f"| {f.job} | {f.candidates:,} | {f.batches:,} | {_spread(f.seconds['job'])} "
             f"| {f.median('run_record'):.2f} "
             f"| {_spread(f.seconds['floor'])} | {_spread(f.seconds['service'])} | {f.vs_floor:.2f} "
-            f"| {f.work_vs_floor:.2f} | {f.rows / f.median('floor'):,.0f} | {f.dagster_ms_per_batch:.2f} "
-            f"| {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} | {f.idle_over_bare:.2f} "
+            f"| {f.work_vs_floor:.2f}; {f.work_vs_floor_of_medians:.2f} | {f.rows / f.median('floor'):,.0f} "
+            f"| {f.dagster_ms_per_batch:.2f} | {f.dagster_ms_per_batch_after_startup:.2f} | {_spread(f.idle)} "
+            f"| {f.idle_over_bare:.2f} "
             f"| {_cpu_over_floor(f)} | {_cpu_over_floor(f, client_only=True)} |"
         )
     return "\n".join(lines)
@@ -315,12 +316,13 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
     return f"""{LAUNCHED_HEADING}
 {separate_run}
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds after an untimed one
-(warm caches from the first counted round on); in each round the job, its floor and its service each start from
-the same reset state (the candidates deleted and vacuumed, then restored from a template with triggers off: in the
-same pages every time; then vacuumed: no dead rows of the run before, no autovacuum starting mid-run; then
-checkpointed: the reset's writes on disk before the run, not in a checkpoint that falls inside some runs), in an
-order that changes between rounds (rotated, and reversed every other cycle: each contender takes every place in
-turn); every run must leave the tables exactly as the first one did (digest of the changed tables, asserted).
+(warm caches from the first counted round on); in each round the job, its floor, its service and its idle run each start
+from the same reset state (the idle run's without the candidates; the others' with them: the candidates deleted and
+vacuumed, then restored from a template with triggers off: in the same pages every time; then vacuumed: no dead rows of
+the run before, no autovacuum starting mid-run; then checkpointed: the reset's writes on disk before the run, not in a
+checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every other
+cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one did (digest
+of the changed tables, asserted), and no idle run may change anything.
 
 - "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
@@ -330,19 +332,20 @@ turn); every run must leave the tables exactly as the first one did (digest of t
   session-level PREPARE, the jobs' rule, since GitLab reaches PostgreSQL through PgBouncer in transaction pooling
   (`prepared_statements: false`), where a prepared statement does not outlive its transaction.
 - "service": the job's service function in process, without Dagster. "Dagster ms/batch": (job − service) / batches
-  (medians); "idle run subtracted" takes the job's idle run off first.
-- "idle": the same `dagster job execute` with nothing to do, whole process, {launched.IDLE_RUNS} times (target
-  ≤ 2.5 s), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps them between runs)
-  and checkpointed (the rounds' writes flushed first);
-  "job − idle run, vs floor" takes its median, timed as the job is (launch → RUN_SUCCESS), off the job: the job's
-  work against the floor's, without the start-up (target ≤ 1.15).
-- "CPU ms/batch over floor": the CPU of every run above, the client's processes (the launch and its children, or
-  this process for the floor and the service) and PostgreSQL's (its postmaster and every child, read from `/proc`)
-  together, medians: the launched job's with its idle run's taken off, and the service's, each less the floor's,
-  per batch (target ≤ 0.3 ms). CPU leaves out the waits that wall time counts, not a slower moment of the machine:
-  on this shared 2-core machine, PostgreSQL's CPU for stale_runner_machines_cleanup's service ran 1.73-2.39 s in
-  7 runs of the same 100 k deletions. "The client's part" is the same figure for the client's processes alone:
-  what ci_cleanup and Dagster spend per batch in Python (statements built, results read, events and observations
+  (median of the rounds'); "idle run subtracted" takes the round's idle run off first.
+- "idle": the same `dagster job execute` with nothing to do, a contender of each round like the others, timed as the
+  job is (launch → RUN_SUCCESS), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps
+  them between runs) and checkpointed. "job − idle run, vs floor": (job − idle) / floor of each round, the median of
+  the rounds': the job's work against the floor's, without the start-up (target ≤ 1.15); the figure after it, from
+  the three contenders' medians (each from whichever round), shows how much the pairing moves it. After the rounds,
+  the idle run again, whole process, {launched.IDLE_RUNS} times: "idle `dagster job execute`" (target ≤ 2.5 s).
+- "CPU ms/batch over floor": the CPU of every run above, the client's processes (the launch and its children, or this
+  process for the floor and the service) and PostgreSQL's (its postmaster and every child, read from `/proc`) together,
+  per round, medians of the rounds': the launched job's with its round's idle run's taken off, and the service's, each
+  less the round's floor's, per batch (target ≤ 0.3 ms). CPU leaves out the waits that wall time counts, not a slower
+  moment of the machine: on this shared 2-core machine, PostgreSQL's CPU for stale_runner_machines_cleanup's service ran
+  1.73-2.39 s in 7 runs of the same 100 k deletions. "The client's part" is the same figure for the client's processes
+  alone: what ci_cleanup and Dagster spend per batch in Python (statements built, results read, events and observations
   written), apart from PostgreSQL's work on statements whose plans are the floor's.
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
   Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
