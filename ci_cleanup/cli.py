@@ -553,7 +553,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--small-rows", type=int, default=100_000, help="ci_builds/ci_job_artifacts rows, first size")
     bench.add_argument("--big-rows", type=int, default=10_000_000, help="second size (GitLab.com's)")
     bench.add_argument("--candidates", type=int, default=100_000, help="candidates per job, launched job vs floor")
-    bench.add_argument("--rounds", type=int, default=5, help="launched job / floor / service rounds (min 5)")
+    bench.add_argument("--rounds", type=int, default=5, help="launched job / floor / service / idle run rounds (min 5)")
     bench.add_argument("--no-daemon", action="store_true", help="skip the scheduled run through dagster-daemon")
     bench.add_argument("--work", type=int, default=20_000, help="candidates per service per measurement")
     bench.add_argument("--memory-candidates", type=int, default=1_000_000, help="candidates of the big memory run")
