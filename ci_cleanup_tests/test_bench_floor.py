@@ -56,12 +56,12 @@ def _floor_then_service(url, engine, client, job):
     """(digest before, after the floor, after the reset, after the service), and ``before``; asserts that each reset
     puts the candidates back where the one before did (the runs after them meet the same table)."""
     before = launched.add_candidates(engine, client, job, CANDIDATES)
-    admin, floor_conn = connect(url), connect(url)
+    admin = connect(url)
     try:
         cur = admin.cursor()
         launched.snapshot(cur, job, before)
         initial = _state(cur, job, before)
-        FLOORS[job](floor_conn, client)
+        FLOORS[job](url, client)
         after_floor = _state(cur, job, before)
         launched.reset(cur, job, before)
         after_reset, layout = _state(cur, job, before), _layout(cur, job, before)
@@ -69,10 +69,9 @@ def _floor_then_service(url, engine, client, job):
         after_service = _state(cur, job, before)
         launched.reset(cur, job, before)
         assert _layout(cur, job, before) == layout and len(layout) >= CANDIDATES
-        FLOORS[job](floor_conn, client)  # the floor's own end state stays for the test's assertions
+        FLOORS[job](url, client)  # the floor's own end state stays for the test's assertions
     finally:
         admin.close()
-        floor_conn.close()
     return (initial, after_floor, after_reset, after_service), before
 
 

@@ -7,13 +7,17 @@ guards re-checked in the writing statement, the same side rows (queue deletes, q
 
 The SQL is written out by hand from the services (``ci_cleanup/*/service.py``); the benchmark checks
 that a floor and its job leave identical tables (:mod:`ci_cleanup.bench.launched`). Each floor takes a
-psycopg2 connection and a Redis client and returns ``(rows changed, batches)``. Work per run that is not
+database URL and a Redis client, opens its own connections (one, or one per bucket worker) and returns
+``(rows changed, batches)``. Work per run that is not
 per batch is left out where it is cheap and writes no table (the jobs' Redis leases).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
 import redis
@@ -242,37 +246,59 @@ SELECT (SELECT count(*) FROM deleted), (SELECT max(expire_at) FROM deleted),
        (SELECT enabled FROM flags), (SELECT max_buckets FROM flags)"""
 
 
-def artifacts_floor(conn, client: redis.Redis) -> tuple[int, int]:
-    cur = conn.cursor()
-    cur.execute(FLAGS + " SELECT enabled, max_buckets FROM flags")  # the scheduler's read, once per run
-    enabled, max_buckets = cur.fetchone()
+def artifacts_floor(url: str, client: redis.Redis) -> tuple[int, int]:
+    """The scheduler's read of the flags, then its workers at once, worker i on bucket i, each on a connection of its
+    own, as the job runs them (GitLab's ``perform_with_capacity``): threads, which psycopg2 lets run while each waits
+    for the server."""
+    with contextlib.closing(connect(url)) as conn:
+        cur = conn.cursor()
+        cur.execute(FLAGS + " SELECT enabled, max_buckets FROM flags")  # the scheduler's read, once per run
+        enabled, max_buckets = cur.fetchone()
     if not enabled:
         return 0, 0
     artifact_buckets.schedule(client, max_buckets, utc_now())
+    with ThreadPoolExecutor(max_buckets) as pool:
+        done = list(pool.map(lambda bucket: _artifacts_worker(url, client, bucket), range(max_buckets)))
+    return sum(rows for rows, _ in done), sum(batches for _, batches in done)
+
+
+def _artifacts_worker(url: str, client: redis.Redis, bucket: int) -> tuple[int, int]:
+    if artifact_buckets.claim(client, utc_now(), bucket) is None:
+        return 0, 0
     total = batches = 0
-    for bucket in range(max_buckets):  # the job's workers, worker i on bucket i, one after the other
-        if artifact_buckets.claim(client, utc_now(), bucket) is None:
-            continue
-        after = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+    after = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+    with contextlib.closing(connect(url)) as conn:
+        cur = conn.cursor()
         while True:
             now = utc_now()
             cur.execute(ARTIFACTS, {"bucket": bucket, "now": now, "limit": ARTIFACTS_BATCH, "after": after,
                                     "earliest": now - PICK_UP_AT_EARLIEST, "latest": now + PICK_UP_AT_LATEST})
-            n, last, enabled, max_buckets = cur.fetchone()
+            n, last, enabled, max_buckets = cur.fetchone()  # as the worker reads them each batch
             if not enabled or bucket >= max_buckets:
                 break
             total, batches = total + n, batches + 1
             after = last or after
             if n < ARTIFACTS_BATCH:
                 break
-        artifact_buckets.release(client, bucket, max_buckets)
+    artifact_buckets.release(client, bucket, max_buckets)
     return total, batches
 
 
+def on_a_connection(floor):
+    """A floor of one loop, on a connection of its own that it opens and closes, as each launched job's process does."""
+
+    @functools.wraps(floor)
+    def run(url: str, client: redis.Redis) -> tuple[int, int]:
+        with contextlib.closing(connect(url)) as conn:
+            return floor(conn, client)
+
+    return run
+
+
 FLOORS = {
-    "drop_canceling_builds": drop_floor,
-    "stale_runner_machines_cleanup": stale_floor,
-    "stuck_export_jobs": exports_floor,
-    "environments_auto_stop": envs_floor,
+    "drop_canceling_builds": on_a_connection(drop_floor),
+    "stale_runner_machines_cleanup": on_a_connection(stale_floor),
+    "stuck_export_jobs": on_a_connection(exports_floor),
+    "environments_auto_stop": on_a_connection(envs_floor),
     "schedule_bulk_delete_job_artifacts": artifacts_floor,
 }

@@ -454,8 +454,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
         engine.dispose()
         started = time.perf_counter()
         if contender == "floor":
-            with contextlib.closing(connect(env["CI_CLEANUP_DATABASE_URL"])) as conn:
-                rows, figures.batches = FLOORS[job](conn, client)
+            rows, figures.batches = FLOORS[job](env["CI_CLEANUP_DATABASE_URL"], client)
         else:
             rows = BY_NAME[job].job(engine, client, lambda: None)
         return time.perf_counter() - started, None, rows
@@ -500,8 +499,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
             # The candidates back, done as a round does them: later candidates (an environment's deployments, its
             # stop actions) refer to these rows, and a later bench meets them done, not missing.
             reset(cur, job, before)
-            with contextlib.closing(connect(env["CI_CLEANUP_DATABASE_URL"])) as conn:
-                FLOORS[job](conn, client)
+            FLOORS[job](env["CI_CLEANUP_DATABASE_URL"], client)
     finally:
         admin.close()
     return figures

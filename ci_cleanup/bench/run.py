@@ -328,10 +328,12 @@ of the changed tables, asserted), and no idle run may change anything.
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
   run's own start → end.
 - "floor": plain psycopg2, one database round trip per batch (stuck_export_jobs: one more to Redis per chunk), the
-  job's guards and side rows (`ci_cleanup/bench/floor.py`). It sends its statement text each batch: no
+  job's guards and side rows (`ci_cleanup/bench/floor.py`); schedule_bulk_delete_job_artifacts' five bucket workers
+  at once, each on a connection of its own, as its job runs them. It sends its statement text each batch: no
   session-level PREPARE, the jobs' rule, since GitLab reaches PostgreSQL through PgBouncer in transaction pooling
   (`prepared_statements: false`), where a prepared statement does not outlive its transaction.
-- "service": the job's service function in process, without Dagster. The floor and the service each open a new
+- "service": the job's service function in process, without Dagster (bulk delete's bucket workers one after the
+  other, on one connection). The floor and the service each open a new
   connection per run, as each launched job's process does (a new PostgreSQL backend maps the shared buffers it touches
   anew: 0.3-0.4 s of environments' 8.5 s). "Dagster ms/batch": (job − service) / batches
   (median of the rounds'); "idle run subtracted" takes the round's idle run off first.
