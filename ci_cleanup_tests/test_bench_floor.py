@@ -176,6 +176,24 @@ def test_digest_sees_one_changed_value(bench_db, redis_client):
         admin.close()
 
 
+def test_autovacuum_is_off_for_each_partition_the_rounds_meet_and_back_after(bench_db):
+    url, engine = bench_db
+    options = """SELECT c.relname, c.reloptions FROM pg_partition_tree('p_ci_builds') t
+                 JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf
+                 UNION ALL SELECT relname, reloptions FROM pg_class WHERE oid = 'ci_pending_builds'::regclass
+                 ORDER BY 1"""
+    admin = connect(url)
+    try:
+        with launched._no_autovacuum(admin.cursor(), ("p_ci_builds", "ci_pending_builds")):
+            during = _rows(engine, options)
+        after = _rows(engine, options)
+    finally:
+        admin.close()
+    assert len(during) == len(after) > 2 and "ci_pending_builds" in {name for name, _ in during}
+    assert {tuple(reloptions or ()) for _, reloptions in during} == {("autovacuum_enabled=off",)}
+    assert {reloptions for _, reloptions in after} == {None}
+
+
 def test_postgres_cpu_clock_counts_a_backends_work_and_a_server_it_cannot_read_is_none(scratch_database):
     """The bench's PostgreSQL CPU: a query's work shows in it, the backend's once it has ended too (its postmaster
     reaped it); a server whose processes this machine cannot see has no clock, not a wrong one."""

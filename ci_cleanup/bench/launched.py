@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,18 +304,21 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
 def snapshot(cur, job: str, before: dict[str, int]) -> None:
     """Copy the rows the job may change (and the side tables) into ``bench_template``."""
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(TEMPLATE)))
-    for table in (*SCOPED[job], *SIDE_TABLES):
+    for table in _met(job):
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(copy))
         where = sql.SQL("id > {}").format(sql.Literal(before[table])) if table in before else sql.SQL("true")
-        cur.execute(sql.SQL("CREATE TABLE {} AS SELECT * FROM {} WHERE {}").format(copy, sql.Identifier(table), where))
+        # Only ever read whole by the reset: autovacuum would take it in the first rounds, inside some run.
+        cur.execute(sql.SQL("CREATE TABLE {} WITH (autovacuum_enabled = off) AS SELECT * FROM {} WHERE {}").format(
+            copy, sql.Identifier(table), where))
 
 
 def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> None:
     """The state the snapshot saw: candidates deleted, vacuumed and copied back, triggers off (ids, side tables as
-    they were), vacuumed again: each run starts without the dead rows of the one before, and autovacuum, with nothing
-    left to do, does not start in the middle of it; then checkpointed: the reset's writes (2.4 GB of WAL for 100 k
-    builds) reach the disk before the run, not in a checkpoint inside it (see :func:`_no_checkpoint_mid_run`).
+    they were), then every table the run meets vacuumed and analyzed, as autovacuum (off for them while the rounds
+    run, see :func:`_no_autovacuum`) keeps them: each run starts without the dead rows of the one before; then
+    checkpointed: the reset's writes (2.4 GB of WAL for 100 k builds) reach the disk before the run, not in a
+    checkpoint inside it (see :func:`_no_checkpoint_mid_run`).
 
     Without ``candidates``: the tables as they were before them, for the idle runs. The rounds leave behind the
     candidates the job spares (running exports, builds still queued); an idle run paging through those would be
@@ -334,12 +337,37 @@ def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> 
     cur.execute(sql.SQL("VACUUM {}").format(scoped))
     cur.execute("BEGIN")
     cur.execute("SET LOCAL session_replication_role = replica")
-    for table in (*SCOPED[job], *SIDE_TABLES) if candidates else ():
+    for table in _met(job) if candidates else ():
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
-    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(scoped))
+    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, _met(job)))))
     cur.execute("CHECKPOINT")
+
+
+def _met(job: str) -> tuple[str, ...]:
+    """The tables a run of ``job`` may change: its scoped tables and the side tables."""
+    return (*SCOPED[job], *SIDE_TABLES)
+
+
+@contextlib.contextmanager
+def _no_autovacuum(cur, tables: Iterable[str]) -> Iterator[None]:
+    """Autovacuum off for ``tables`` (each partition of a partitioned one) while the rounds run, and back after; the
+    reset vacuums and analyzes them itself. Left on, it took the side tables a run or a reset had just filled (100 k
+    rows of ci_deleted_objects or loose_foreign_keys_deleted_records) at whatever moment its next round fell: inside
+    one run and not another (ci_pending_builds vacuumed 29 times and analyzed 48 times over two headlines' rounds),
+    its CPU counted in PostgreSQL's."""
+    cur.execute("""SELECT coalesce(tree.relid, t)::regclass::text  -- a table not partitioned has no tree
+                   FROM unnest(%s::regclass[]) t LEFT JOIN LATERAL pg_partition_tree(t) tree ON true
+                   WHERE coalesce(tree.isleaf, true)""", (list(tables),))
+    leaves = [sql.SQL(name) for name, in cur.fetchall()]  # regclass text: quoted and qualified where needed
+    for leaf in leaves:
+        cur.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(leaf))
+    try:
+        yield
+    finally:
+        for leaf in leaves:
+            cur.execute(sql.SQL("ALTER TABLE {} RESET (autovacuum_enabled)").format(leaf))
 
 
 def _columns(cur, table: str) -> list[tuple[str, str]]:
@@ -459,7 +487,7 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
             rows = BY_NAME[job].job(engine, client, lambda: None)
         return time.perf_counter() - started, None, rows
 
-    try:
+    with contextlib.closing(admin), _no_autovacuum(admin.cursor(), _met(job)):
         cur = admin.cursor()
         snapshot(cur, job, before)
         # One untimed run of every contender first: the rounds then all meet warm caches (PostgreSQL's buffers after
@@ -500,8 +528,6 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
             # stop actions) refer to these rows, and a later bench meets them done, not missing.
             reset(cur, job, before)
             FLOORS[job](env["CI_CLEANUP_DATABASE_URL"], client)
-    finally:
-        admin.close()
     return figures
 
 

@@ -318,9 +318,10 @@ def launched_section(results: list[launched.Launched], bare: list[float], args, 
 {args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds after an untimed one
 (warm caches from the first counted round on); in each round the job, its floor, its service and its idle run each start
 from the same reset state (the idle run's without the candidates; the others' with them: the candidates deleted and
-vacuumed, then restored from a template with triggers off: in the same pages every time; then vacuumed: no dead rows of
-the run before, no autovacuum starting mid-run; then checkpointed: the reset's writes on disk before the run, not in a
-checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every other
+vacuumed, then restored from a template with triggers off: in the same pages every time; then every table a run may
+change vacuumed and analyzed: no dead rows of the run before; autovacuum off for those tables while the rounds run, so
+that it takes none of them inside one run and not another; then checkpointed: the reset's writes on disk before the
+run, not in a checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every other
 cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one did (digest
 of the changed tables, asserted), and no idle run may change anything.
 
