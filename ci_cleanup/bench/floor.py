@@ -8,8 +8,8 @@ guards re-checked in the writing statement, the same side rows (queue deletes, q
 The SQL is written out by hand from the services (``ci_cleanup/*/service.py``); the benchmark checks
 that a floor and its job leave identical tables (:mod:`ci_cleanup.bench.launched`). Each floor takes a
 database URL and a Redis client, opens its own connections (one, or one per bucket worker) and returns
-``(rows changed, batches)``. Work per run that is not
-per batch is left out where it is cheap and writes no table (the jobs' Redis leases).
+``(rows changed, batches)``. Work per run that is not per batch is left out where it is cheap and writes no table
+(the jobs' Redis leases).
 """
 
 from __future__ import annotations

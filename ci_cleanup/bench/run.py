@@ -321,9 +321,9 @@ from the same reset state (the idle run's without the candidates; the others' wi
 vacuumed, then restored from a template with triggers off: in the same pages every time; then every table a run may
 change vacuumed and analyzed: no dead rows of the run before; autovacuum off for those tables while the rounds run, so
 that it takes none of them inside one run and not another; then checkpointed: the reset's writes on disk before the
-run, not in a checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed every other
-cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one did (digest
-of the changed tables, asserted), and no idle run may change anything.
+run, not in a checkpoint that falls inside some runs), in an order that changes between rounds (rotated, and reversed
+every other cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one
+did (digest of the changed tables, asserted), and no idle run may change anything.
 
 - "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
