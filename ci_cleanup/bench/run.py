@@ -334,10 +334,10 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   session-level PREPARE, the jobs' rule, since GitLab reaches PostgreSQL through PgBouncer in transaction pooling
   (`prepared_statements: false`), where a prepared statement does not outlive its transaction.
 - "service": the job's service function in process, without Dagster (bulk delete's bucket workers one after the
-  other, on one connection). The floor and the service each open a new
-  connection per run, as each launched job's process does (a new PostgreSQL backend maps the shared buffers it touches
-  anew: 0.3-0.4 s of environments' 8.5 s). "Dagster ms/batch": (job − service) / batches
-  (median of the rounds'); "idle run subtracted" takes the round's idle run off first.
+  other, on one connection). The floor and the service each open a new connection per run, as each launched job's
+  process does (a new PostgreSQL backend maps the shared buffers it touches anew: 0.3-0.4 s of environments' 8.5 s).
+  "Dagster ms/batch": (job − service) / batches (median of the rounds'); "idle run subtracted" takes the round's idle
+  run off first.
 - "idle": the same `dagster job execute` with nothing to do, a contender of each round like the others, timed as the
   job is (launch → RUN_SUCCESS), on the big tables as they were before the candidates, vacuumed (as autovacuum keeps
   them between runs) and checkpointed. "job − idle run, vs floor": (job − idle) / floor of each round, the median of
