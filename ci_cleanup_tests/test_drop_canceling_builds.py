@@ -12,7 +12,7 @@ from sqlalchemy import text, update
 from ci_cleanup.drop_canceling_builds import service
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY, drop_canceling_builds, drop_canceling_builds_schedule
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.gitlab.schema import int_array, utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import (
@@ -166,11 +166,11 @@ def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_sta
     statement, fixed = service.compiled_drop_statement(S, ci.dialect)
     params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "limit": 100, "exclude": "{}"}
     with statistics_say_empty(ci, enqueue, *queues):
-        (dropped_ids, _, left_ids), read = rows_read(
+        (count, dropped_ids, _, left_ids), read = rows_read(
             ci, lambda conn: conn.exec_driver_sql(statement, {**fixed, **params}).one(), *queues)
     # Of each queue, the batch's 100 rows, each read twice: looked up by its build, then deleted by its id.
-    assert (sorted(dropped_ids), left_ids, read) == (
-        list(range(2001, 2101)), None, {"ci_pending_builds": 200, "ci_running_builds": 200})
+    assert (count, sorted(int_array(dropped_ids)), left_ids, read) == (
+        100, list(range(2001, 2101)), None, {"ci_pending_builds": 200, "ci_running_builds": 200})
     with ci.connect() as conn:
         assert [conn.scalar(text(f"SELECT array_agg(build_id ORDER BY build_id) FROM {queue}")) for queue in queues] \
             == [list(range(1, 2001))] * 2
@@ -247,6 +247,7 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
     while we waited would) is left as it is, reported changed concurrently, and not picked again in the run."""
     skipped = outdated(engine, runner_id=7)
     dropped = outdated(engine, runner_id=8)
+    no_runner = outdated(engine, runner_id=None)  # read back from the statement's array text as None
     ci = on(engine, "ci_builds")
     before = row(engine, "ci_builds", skipped)
     batches = []
@@ -255,9 +256,10 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
 
     assert row(engine, "ci_builds", skipped) == before
     assert_dropped(engine, dropped)
-    assert [([(d.id, d.runner_id) for d in b.dropped], b.changed_concurrently) for b in batches] == [
-        ([(dropped, 8)], [skipped])]
-    assert (result.batches, result.dropped, result.changed_concurrently) == (1, 1, 1)
+    assert_dropped(engine, no_runner)
+    assert [(len(b.dropped), [(d.id, d.runner_id) for d in b.dropped], b.changed_concurrently) for b in batches] == [
+        (2, [(dropped, 8), (no_runner, None)], [skipped])]
+    assert (result.batches, result.dropped, result.changed_concurrently) == (1, 2, 1)
 
 
 def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
