@@ -246,11 +246,12 @@ def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
 
 
 def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
+    from .bench.run import hold_heap, omnibus_postgres
     from .bench.run import main as bench
-    from .bench.run import omnibus_postgres
 
     if embedded:  # as GitLab's package runs its PostgreSQL; a server of the user's own is never reconfigured
         embedded.configure(omnibus_postgres())
+        hold_heap(embedded)
     else:
         external_target(args, env)[0].dispose()
     bench(env, args)

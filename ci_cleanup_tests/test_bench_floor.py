@@ -15,7 +15,7 @@ from sqlalchemy import text
 from ci_cleanup.bench import launched, seed
 from ci_cleanup.bench.floor import FLOORS, connect
 from ci_cleanup.bench.jobs import BY_NAME
-from ci_cleanup.devstack import DAGSTER_YAML
+from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 from ci_cleanup.gitlab import sidekiq_status
 from ci_cleanup.gitlab.schema import utc_now
 
@@ -401,6 +401,30 @@ def test_the_bench_sets_postgresql_from_the_memory_its_container_may_use(tmp_pat
     assert run.omnibus_postgres() == {"shared_buffers": f"{mb // 4}MB", "effective_cache_size": f"{mb // 2}MB",
                                       "work_mem": "16MB", "random_page_cost": "2",
                                       "max_parallel_workers_per_gather": "0"}
+
+
+def test_the_bench_holds_its_postgresqls_heap_and_says_so(servers_dir, monkeypatch):
+    """Restarted once with glibc's malloc held, not again when it has it; the report names it; the bench's own
+    environment is left as it was."""
+    from ci_cleanup.bench import run
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the caller's own, restored after the restart
+    with EmbeddedStack(servers_dir / "held_heap") as stack:
+        assert run.malloc_settings(stack.postgres_pid) == {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+        run.hold_heap(stack)
+        held = stack.postgres_pid
+        run.hold_heap(stack)
+
+        assert stack.postgres_pid == held
+        # The postmaster's: a backend is forked from it, with its malloc as set up (a backend's own /proc environ is
+        # overwritten by its process title).
+        assert run.malloc_settings(held) == run.HELD_HEAP == {
+            "MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+        assert run.postgres_settings(stack.url("postgres")).endswith(
+            ", MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456")
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "65536" and "MALLOC_TRIM_THRESHOLD_" not in os.environ
 
 
 def test_each_contender_takes_every_place_in_the_rounds_order():

@@ -181,15 +181,24 @@ def _client_cpu() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def postgres_cpu_clock(cur) -> Callable[[], float] | None:
-    """CPU seconds used so far by the database's PostgreSQL: its postmaster, the children it reaped and those alive
-    (backends, checkpointer, autovacuum); None where its processes cannot be read (a server of another machine)."""
+def postmaster_pid(cur) -> int | None:
+    """The pid of the database's PostgreSQL postmaster; None where its processes cannot be read (a server of another
+    machine)."""
     try:
         cur.execute("SHOW data_directory")
         pid = int(Path(cur.fetchone()[0], "postmaster.pid").read_text().split()[0])
         if "(postgres)" not in Path(f"/proc/{pid}/stat").read_text():
             return None
     except (OSError, ValueError, IndexError, psycopg2.Error):
+        return None
+    return pid
+
+
+def postgres_cpu_clock(cur) -> Callable[[], float] | None:
+    """CPU seconds used so far by the database's PostgreSQL: its postmaster, the children it reaped and those alive
+    (backends, checkpointer, autovacuum); None where its processes cannot be read (a server of another machine)."""
+    pid = postmaster_pid(cur)
+    if pid is None:
         return None
     tick = os.sysconf("SC_CLK_TCK")
 

@@ -24,10 +24,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
+
+if TYPE_CHECKING:
+    from ..devstack import EmbeddedStack
 
 from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
 from . import launched, seed
@@ -289,15 +293,55 @@ def omnibus_postgres() -> dict[str, str]:
             "random_page_cost": "2", "max_parallel_workers_per_gather": "0"}
 
 
+# glibc's malloc for the bench's PostgreSQL, in its postmaster's environment, which every backend inherits: a backend's
+# heap kept as it grew, never given back after a statement (nor its large blocks mapped and unmapped each time). With
+# glibc's defaults, the first statements of a new backend decide whether each later statement's planning memory
+# (2.4 MB for environments' batch: partitioned p_ci_builds, three times) goes back to the system at its end and is
+# faulted in again by the next. On its own new connection, environments' batch statement ran at 370 page faults a
+# statement (strace: brk up 2.4 MB and down again each time), the floor's at 92; after 20 of the floor's statements,
+# the job's ran at 92 too, and the floor's at 243 after 20 of the job's. That was 0.5-0.7 ms of PostgreSQL CPU a
+# batch (1,000-batch runs, 8 pairs) set by which statement came first on a connection, not by the work. Held, the
+# job's statement ran within 0.05 ms a batch of the floor's, with the same page faults.
+HELD_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
+def malloc_settings(pid: int) -> dict[str, str]:
+    """The glibc malloc variables (``MALLOC_*``) in process ``pid``'s environment."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode().split("=", 1) for v in environ if v.startswith(b"MALLOC_"))
+
+
+def hold_heap(stack: EmbeddedStack) -> None:
+    """The embedded PostgreSQL restarted with :data:`HELD_HEAP`, unless it runs with it already."""
+    if malloc_settings(stack.postgres_pid) == HELD_HEAP:
+        return
+    saved = {name: os.environ.get(name) for name in HELD_HEAP}
+    os.environ.update(HELD_HEAP)  # pg_ctl's environment, and so the postmaster's
+    try:
+        stack.stop_postgres()
+        stack.start_postgres()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
 def postgres_settings(url: str) -> str:
-    """The measured PostgreSQL's version and its settings that :func:`omnibus_postgres` names, as it reports them."""
+    """The measured PostgreSQL's version and its settings that :func:`omnibus_postgres` names, as it reports them;
+    and glibc's malloc variables in its environment, where its processes can be read."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
             shown = [f"{name} {conn.scalar(text('SELECT current_setting(:n)'), {'n': name})}"
                      for name in ("server_version", *omnibus_postgres())]
+            pid = launched.postmaster_pid(conn.connection.cursor())
     finally:
         engine.dispose()
+    if pid is not None:
+        malloc = malloc_settings(pid)
+        shown.append(" ".join(f"{k}={v}" for k, v in sorted(malloc.items())) if malloc else "glibc malloc's defaults")
     return ", ".join(shown)
 
 
@@ -380,7 +424,11 @@ def write_markdown(path: Path, services: str, results: list[launched.Launched], 
 Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
 - Machine: {machine()}; PostgreSQL: {server}. Embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set,
-  with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `ci_cleanup/bench/run.py`).
+  with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `ci_cleanup/bench/run.py`), and its
+  backends' heap held (glibc's `MALLOC_*` in its environment, `HELD_HEAP` there): with glibc's defaults, which
+  statement a new connection ran first decided whether every later one's planning memory was faulted in again
+  (0.5-0.7 ms of PostgreSQL CPU a batch for environments' statement, none for its floor's, whose CPU was the same
+  when the two alternated on one connection).
 - Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
   2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
