@@ -30,12 +30,12 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-if TYPE_CHECKING:
-    from ..devstack import EmbeddedStack
-
 from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
 from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
+
+if TYPE_CHECKING:
+    from ..devstack import EmbeddedStack
 
 LABEL = {"job": "service", "raw": "raw SQL", "per_row": "per-row"}  # part 1 times the services, not the jobs
 SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth of these (GitLab.com's mix)
@@ -426,9 +426,9 @@ Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d
 - Machine: {machine()}; PostgreSQL: {server}. Embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set,
   with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `ci_cleanup/bench/run.py`), and its
   backends' heap held (glibc's `MALLOC_*` in its environment, `HELD_HEAP` there): with glibc's defaults, which
-  statement a new connection ran first decided whether every later one's planning memory was faulted in again
-  (0.5-0.7 ms of PostgreSQL CPU a batch for environments' statement, none for its floor's, whose CPU was the same
-  when the two alternated on one connection).
+  statement a new connection ran first decided whether every later one's planning memory was faulted in again:
+  environments' statement cost PostgreSQL 0.5-0.7 ms a batch more than its floor's, each on its own connection,
+  and the same when the two alternated on one.
 - Load average (1 / 5 / 15 min): {_load(load['before'])} before, {_load(load['after'])} after. On a shared
   2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
