@@ -507,7 +507,9 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
             limit=1000))
     assert (enqueued.count, enqueued.last_id - enqueued.first_id, enqueued.dense) == (2500, 2499, True)
     assert "Index Scan using project_export_jobs_pkey" in walked and "Sort" not in walked, walked
-    assert "index_project_export_jobs_on_status" not in fail_and_walk and "Seq Scan" not in fail_and_walk
+    # project_export_jobs walked by its primary key; an empty side table may be scanned (its statistics say empty).
+    assert "index_project_export_jobs_on_status" not in fail_and_walk, fail_and_walk
+    assert "Seq Scan on project_export_jobs" not in fail_and_walk, fail_and_walk
     statements = []
 
     def sent(conn, cursor, statement, parameters, context, executemany):
