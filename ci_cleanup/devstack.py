@@ -122,13 +122,15 @@ class EmbeddedStack:
 
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self._pg.pgdata, user=self._pg.system_user)
 
-    def start_postgres(self) -> None:
-        """Start PostgreSQL again on the same socket folder, so :meth:`url` still reaches it."""
+    def start_postgres(self, environment: dict[str, str] | None = None) -> None:
+        """Start PostgreSQL again on the same socket folder, so :meth:`url` still reaches it; ``environment``: variables
+        added to the server's (its postmaster's, which its backends inherit)."""
         from pgserver import pg_ctl
 
         # pgserver's own start-up, with the socket folder fixed: the one it picked at first start.
         options = ["-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._pg.log)]
-        pg_ctl(["-w", *options, "start"], pgdata=self._pg.pgdata, user=self._pg.system_user, timeout=30)
+        pg_ctl(["-w", *options, "start"], pgdata=self._pg.pgdata, user=self._pg.system_user, timeout=30,
+               env={**os.environ, **(environment or {})})
         self._pg.ensure_postgres_running()  # reads the new postmaster.pid
 
     def configure(self, settings: dict[str, str | None]) -> None:

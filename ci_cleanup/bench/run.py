@@ -315,17 +315,8 @@ def hold_heap(stack: EmbeddedStack) -> None:
     """The embedded PostgreSQL restarted with :data:`HELD_HEAP`, unless it runs with it already."""
     if malloc_settings(stack.postgres_pid) == HELD_HEAP:
         return
-    saved = {name: os.environ.get(name) for name in HELD_HEAP}
-    os.environ.update(HELD_HEAP)  # pg_ctl's environment, and so the postmaster's
-    try:
-        stack.stop_postgres()
-        stack.start_postgres()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+    stack.stop_postgres()
+    stack.start_postgres(HELD_HEAP)
 
 
 def postgres_settings(url: str) -> str:
