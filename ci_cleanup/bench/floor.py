@@ -20,6 +20,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
+import psycopg2.extensions
 import redis
 from sqlalchemy.engine import make_url
 
@@ -41,13 +42,16 @@ from ..stuck_export_jobs.service import CHUNK_SIZE, EXPORT_JOBS_EXPIRATION
 # The limits the benchmark launches the jobs with (their run config), so job and floor stop at the same place.
 STALE_MAX_DELETIONS = 100_000
 ENVS_MAX_LOOPS = 10_000
+# The class of every floor's cursors: :mod:`ci_cleanup.bench.statements` records a floor's statements through its own.
+CURSOR = psycopg2.extensions.cursor
 
 
 def connect(url: str):
     """A psycopg2 connection for a ``postgresql+psycopg2://`` URL (parsed only; no SQLAlchemy on the path)."""
     parsed = make_url(url)
     args = parsed.translate_connect_args(username="user", database="dbname")
-    conn = psycopg2.connect(**args, **{k: v for k, v in parsed.query.items() if isinstance(v, str)})
+    conn = psycopg2.connect(**args, **{k: v for k, v in parsed.query.items() if isinstance(v, str)},
+                            cursor_factory=CURSOR)
     conn.autocommit = True  # each statement is its own transaction: one round trip, no BEGIN / COMMIT
     return conn
 
