@@ -19,6 +19,7 @@ import time
 import pytest
 from dagster import DagsterInstance
 from sqlalchemy import create_engine, delete, insert, select, text
+from sqlalchemy import event as sqlalchemy_event
 
 from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets
@@ -45,9 +46,11 @@ WORKERS = REPORT = "run_bucket_workers"  # the workers' op reports the run's tot
 
 
 def run_worker(engine, redis_client, **options) -> service.WorkerResult:
-    """A bucket worker deleting in the artifacts' database, reading GitLab's flags in theirs."""
+    """A bucket worker as the job runs it: deleting in the artifacts' database, reading GitLab's flags in theirs when
+    decomposed (on one database, the batch's own statement reads them)."""
+    artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
     return service.run_bucket_worker(
-        on(engine, "ci_job_artifacts"), redis_client, S, flags_engine=on(engine, "feature_gates"), **options)
+        artifacts, redis_client, S, flags_engine=None if flags is artifacts else flags, **options)
 
 
 def enable(engine, *flags: str) -> None:
@@ -487,6 +490,35 @@ def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_mo
     assert not result.terminated_early_due_to_scale_down and not result.artifacts_empty and result.released
     assert len(ids(engine, "ci_job_artifacts")) == 3 and len(deleted_objects(engine)) == 2
     assert redis_state(redis_client) == ({0}, {})
+
+
+def test_a_batch_is_one_statement_that_reads_the_flags_or_main_is_read_before_it(stack, engine, redis_client):
+    """GitLab's worker reads the flags before each batch. On one database the batch's own statement reads them: one
+    round trip a batch, as the floor's. Decomposed, the flags are main's: read there before each batch."""
+    enable(engine, service.FEATURE_FLAG)
+    for p in range(1, 6):
+        artifact(engine, bucket=0, project_id=p * 5)
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
+    sent = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        sent.append((conn.engine, "feature_gates" if statement.lstrip().startswith("SELECT") else "batch"))
+
+    for watched in {artifacts, flags}:
+        sqlalchemy_event.listen(watched, "before_cursor_execute", count)
+    try:
+        result = run_worker(engine, redis_client, batch_size=2)
+    finally:
+        for watched in {artifacts, flags}:
+            sqlalchemy_event.remove(watched, "before_cursor_execute", count)
+
+    assert (result.batches, result.destroyed_job_artifacts_count, result.artifacts_empty) == (3, 5, True)
+    if flags is artifacts:
+        assert sent == [(artifacts, "batch")] * 3
+    else:
+        assert sent == [(flags, "feature_gates"), (artifacts, "batch")] * 3
+    assert ids(engine, "ci_job_artifacts") == [] and len(deleted_objects(engine)) == 5
 
 
 def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, redis_client):

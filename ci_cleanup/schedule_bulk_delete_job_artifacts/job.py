@@ -199,7 +199,8 @@ def bucket_workers(
     # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
     # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
     # Each worker reads GitLab's flags in main (feature_gates) and deletes in ci: a connection to each when GitLab is
-    # decomposed; on one database, the one connection does both (five connections fewer per run).
+    # decomposed; on one database, each batch's own statement reads them (five connections fewer per run, and a round
+    # trip fewer per batch).
     artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
     flags = gitlab_db.dedicated_engine(schema.feature_gates, workers) if gitlab_db.decomposed else nullcontext()
     with observer, artifacts as engine, flags as flags_engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     ColumnElement,
     FromClause,
     Integer,
@@ -182,6 +183,7 @@ class DeletedBatch:
     size: int  # bytes freed, the sum of the artifacts' ``size``
     deleted_objects: int
     last: tuple  # the cursor for the next batch: (expire_at, id) of the last artifact deleted
+    flags: Flags  # as the batch read them (it deleted nothing when they stop the worker)
 
 
 def expired_batch_query(
@@ -212,22 +214,33 @@ def expired_batch_query(
 
 
 @functools.lru_cache(maxsize=8)
-def batch_statement(schema: GitLabSchema) -> Select:
-    """A whole batch in one statement, built once: delete, record the files, report.
+def batch_statement(schema: GitLabSchema, *, flags_read: bool = True) -> Select:
+    """A whole batch in one statement, built once: read the flags, delete, record the files, report.
 
-    ``WITH deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE SKIP LOCKED>))
-    RETURNING …), recorded AS (INSERT INTO ci_deleted_objects SELECT … FROM deleted) SELECT <the last
-    (expire_at, id) deleted>, ids, size, deleted_objects``. Bound per batch: bucket, now, limit, the worker's
-    cursor (after_expire_at, after_id), the pick_up_at bounds, and ``max_buckets`` as the flags say it
-    (GitLab's flags are in the main database, the artifacts in ci: read just before, by :func:`read_flags`).
+    ``WITH flags AS (<both flags>), deleted AS (DELETE … WHERE id = ANY(ARRAY(<expired in the bucket, FOR UPDATE
+    SKIP LOCKED, while the flags let the worker go on>)) RETURNING …), recorded AS (INSERT INTO ci_deleted_objects
+    SELECT … FROM deleted) SELECT <the last (expire_at, id) deleted>, ids, size, deleted_objects, <the flags>``.
+    The worker reads the flags before each batch, as GitLab's does: here in the batch's own statement, which
+    deletes nothing when the feature is off or the bucket is no longer below ``max_buckets`` (a round trip fewer a
+    batch). Bound per batch: bucket, now, limit, the worker's cursor (after_expire_at, after_id) and the pick_up_at
+    bounds. Not ``flags_read``: the flags as bound (``enabled``, ``max_buckets``), read just before by
+    :func:`read_flags` in GitLab's main database, where feature_gates is, when the artifacts are in ci.
     """
     a, d = schema.ci_job_artifacts, schema.ci_deleted_objects
+    if flags_read:
+        flags = flags_query(schema).cte("flags")
+    else:
+        flags = select(  # psycopg2 sends True as true: no SQLAlchemy conversion (driver_sql)
+            cast(bindparam("enabled"), Boolean).label("enabled"),
+            bindparam("max_buckets", type_=Integer).label("max_buckets"),
+        ).cte("flags")
+    enabled = select(flags.c.enabled).scalar_subquery()
+    max_buckets = select(flags.c.max_buckets).scalar_subquery()
     bucket = bindparam("bucket", type_=Integer)
     after = (bindparam("after_expire_at", type_=TIMESTAMPTZ), bindparam("after_id", type_=BigInteger))
     picked = expired_batch_query(
-        schema, bucket, bindparam("max_buckets", type_=Integer), bindparam("now", type_=TIMESTAMPTZ),
-        bindparam("limit", type_=Integer), after,
-    )
+        schema, bucket, max_buckets, bindparam("now", type_=TIMESTAMPTZ), bindparam("limit", type_=Integer), after,
+    ).where(enabled, bucket < max_buckets)
     deleted = (
         delete(a).where(a.c.id == any_(func.array(picked.scalar_subquery())))
         .returning(
@@ -252,14 +265,16 @@ def batch_statement(schema: GitLabSchema) -> Select:
         select(func.array_agg(aggregate_order_by(deleted.c.id, deleted.c.id))).scalar_subquery().label("ids"),
         select(cast(func.coalesce(func.sum(deleted.c.size), 0), BigInteger)).scalar_subquery().label("size"),
         select(func.count()).select_from(recorded).scalar_subquery().label("deleted_objects"),
+        enabled.label("enabled"), max_buckets.label("max_buckets"),
     )
 
 
 def delete_batch(
     conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: tuple = START,
-    max_buckets: int = MAX_BUCKETS,
+    flags: Flags | None = None,
 ) -> DeletedBatch:
-    """One statement: delete up to ``batch_size`` expired artifacts of the bucket and record their files.
+    """One statement: read the flags (``flags``: as read in main, when GitLab is decomposed), and while they let the
+    worker go on, delete up to ``batch_size`` expired artifacts of the bucket and record their files.
 
     ``FOR UPDATE SKIP LOCKED`` keeps two workers (or a worker and a live GitLab) off the same rows.
     One statement is atomic, in the caller's transaction or, on an autocommit connection, in its own: it
@@ -267,12 +282,16 @@ def delete_batch(
     """
     params = {
         "bucket": bucket, "now": now, "limit": batch_size, "after_expire_at": after[0], "after_id": after[1],
-        "max_buckets": max_buckets, **pick_up_at_bounds(now),
+        **pick_up_at_bounds(now),
     }
-    statement, fixed = driver_sql(batch_statement(schema), conn.dialect)
-    last_expire_at, last_id, ids, size, deleted_objects = conn.exec_driver_sql(statement, {**fixed, **params}).one()
+    if flags is not None:
+        params.update(enabled=flags.enabled, max_buckets=flags.max_buckets)
+    statement, fixed = driver_sql(batch_statement(schema, flags_read=flags is None), conn.dialect)
+    last_expire_at, last_id, ids, size, deleted_objects, enabled, max_buckets = conn.exec_driver_sql(
+        statement, {**fixed, **params}).one()
     return DeletedBatch(
-        ids=ids or [], size=size, deleted_objects=deleted_objects, last=(last_expire_at, last_id) if ids else after
+        ids=ids or [], size=size, deleted_objects=deleted_objects, last=(last_expire_at, last_id) if ids else after,
+        flags=Flags(enabled=enabled, max_buckets=max_buckets),
     )
 
 
@@ -309,10 +328,10 @@ def run_bucket_worker(
     """Claim a bucket (``bucket``, or any free one), delete its expired artifacts for at most ``max_batches``
     batches or ``max_runtime``, or until ``stop`` is set, release it.
 
-    The flags are read again before each batch, from ``flags_engine`` (GitLab's main database, where
-    ``feature_gates`` is; ``engine``'s own database when not given): the worker stops early when its bucket is
-    no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each batch starts after the
-    last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no ``finally``
+    The flags are read again before each batch: by the batch's own statement, or from ``flags_engine`` when given
+    (GitLab's main database, where ``feature_gates`` is, when the artifacts are in ci): the worker stops early when
+    its bucket is no longer below ``max_buckets`` (a scale-down) or the feature is turned off. Each batch starts after
+    the last artifact the worker deleted (its cursor, see :func:`expired_batch_query`). There is no ``finally``
     release: a worker that crashes keeps its bucket occupied until stale recovery, as GitLab's does, so a
     bucket is never handed out while a dead worker's transaction may linger.
     """
@@ -322,27 +341,34 @@ def run_bucket_worker(
         return result
     result.mod_bucket = bucket
     started, after = time.monotonic(), START
+
+    def go_on(flags: Flags) -> bool:
+        result.terminated_early_due_to_scale_down = bucket >= flags.max_buckets
+        result.stopped_by_feature_flag = not result.terminated_early_due_to_scale_down and not flags.enabled
+        return not (result.terminated_early_due_to_scale_down or result.stopped_by_feature_flag)
+
     # One connection per worker (and one to main for the flags), in autocommit: every statement here is one
     # batch or one read, and a single statement is its own transaction (all or nothing), so BEGIN and COMMIT
     # around it would only add two round trips (about a quarter of a worker's time at 100 k candidates).
     autocommit = {"isolation_level": "AUTOCOMMIT"}
     with contextlib.ExitStack() as connections:
         conn = connections.enter_context(engine.connect().execution_options(**autocommit))
-        flags_conn = conn if flags_engine is None else connections.enter_context(
-            flags_engine.connect().execution_options(**autocommit))
+        flags_conn = flags_engine and connections.enter_context(flags_engine.connect().execution_options(**autocommit))
+        flags = None
         while True:
-            flags = read_flags(flags_conn, schema)
-            if bucket >= flags.max_buckets:
-                result.terminated_early_due_to_scale_down = True
-                break
-            if not flags.enabled:
-                result.stopped_by_feature_flag = True
-                break
+            if flags_conn is not None:
+                flags = read_flags(flags_conn, schema)
+                if not go_on(flags):
+                    break
             result.stopped = stop is not None and stop.is_set()
             out_of_time = time.monotonic() - started >= max_runtime.total_seconds()
             if result.stopped or result.batches >= max_batches or out_of_time:
+                flags = flags or read_flags(conn, schema)  # for the release: no batch read them yet
                 break
-            batch = delete_batch(conn, schema, bucket, now(), batch_size, after, flags.max_buckets)
+            batch = delete_batch(conn, schema, bucket, now(), batch_size, after, flags if flags_conn else None)
+            flags = batch.flags
+            if not go_on(flags):  # the batch read them and deleted nothing
+                break
             result.batches, after = result.batches + 1, batch.last
             result.destroyed_job_artifacts_count += len(batch.ids)
             result.size += batch.size
