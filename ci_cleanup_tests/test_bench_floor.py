@@ -12,7 +12,7 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from ci_cleanup.bench import launched, seed
+from ci_cleanup.bench import launched, seed, statements
 from ci_cleanup.bench.floor import FLOORS, connect
 from ci_cleanup.bench.jobs import BY_NAME
 from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
@@ -259,8 +259,9 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         monkeypatch.setenv(name, env[name])
     builds = _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds")
     logged = []
-    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 50, 2, tmp_path, log=logged.append)
-    assert figures.rows == 50 and figures.batches == 1
+    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 350, 2, tmp_path,
+                                 log=logged.append)
+    assert figures.rows == 350 and figures.batches == 4
     # Each contender once untimed first (the warm-up), then the two rounds counted, the idle run among them.
     assert [line.split(":")[0] for line in logged[:5]] == [
         f"  drop_canceling_builds warm-up {c}" for c in launched.CONTENDERS] + ["  drop_canceling_builds round 1 job"]
@@ -279,11 +280,17 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     assert {c: len(cpu) for c, cpu in figures.client_cpu.items()} == {c: len(cpu) for c, cpu in figures.cpu.items()}
     assert min(figures.client_cpu["job"]) > max(figures.client_cpu["floor"]) > 0
     assert all(client <= total for c in figures.cpu for client, total in zip(figures.client_cpu[c], figures.cpu[c]))
+    # PostgreSQL's part statement by statement: the job's batches (one statement each, and the empty one that ends
+    # the run) and the floor's, sent again in pairs of replays, each replay leaving the rounds' tables (asserted there).
+    assert figures.postgres is not None and figures.postgres.statements == (1, 1)
+    assert len(figures.postgres.over_floor_ms) == launched.REPLAY_PAIRS
+    assert [line.split(":")[0] for line in logged if "statements" in line] == [
+        "  drop_canceling_builds statements"] * launched.REPLAY_PAIRS
     # After the idle runs (on the tables without the candidates: they changed nothing, below), the candidates are
     # back, done as a round does them: failed, out of the queues.
-    assert _rows(engine, "SELECT count(*) - 50, max(id) - 50 FROM p_ci_builds") == builds
+    assert _rows(engine, "SELECT count(*) - 350, max(id) - 350 FROM p_ci_builds") == builds
     assert _rows(engine, "SELECT status, count(*) FROM p_ci_builds WHERE id > :b GROUP BY 1", b=builds[0][1]) == [
-        ("failed", 50)]
+        ("failed", 350)]
     assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -294,7 +301,7 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         assert [r.dagster_run.status for r in bare] == [DagsterRunStatus.SUCCESS] * launched.IDLE_RUNS
         jobs = instance.get_run_records(RunsFilter(job_name="drop_canceling_builds"))
         changed = sorted(r.dagster_run.tags["ci_cleanup/rows_changed"] for r in jobs)
-        assert changed == ["0"] * (launched.IDLE_RUNS + 3) + ["50"] * 3  # warm-up and two rounds: job's, idle run's
+        assert changed == ["0"] * (launched.IDLE_RUNS + 3) + ["350"] * 3  # warm-up and two rounds: job's, idle run's
         for record in [*bare, *jobs]:
             instance.delete_run(record.dagster_run.run_id)
 
@@ -341,6 +348,9 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     slow_start.client_cpu.update(job=[1.6] * 3, floor=[0.2] * 3, service=[0.2] * 3, idle=[1.3] * 3)  # 0.1 / 0.0 s
     slow_start.bare = [1.5, 1.6, 1.7, 1.8, 1.9]  # idle − bare: 1.5 1.4 1.3 1.1 1.2 -> 1.30
     bare = quick.bare + slow_start.bare
+    # PostgreSQL's part, statement by statement: quick's 0.20 (pairs 0.10, 0.30) + its client's 300 ms = 300.20.
+    quick.postgres = statements.PostgresPart([0.1, 0.3], (1, 1))
+    slow_start.postgres = statements.PostgresPart([0.05, 0.05], (2, 1))
     args = Namespace(small=False, small_rows=100_000, big_rows=10_000_000, candidates=100_000, rounds=5, work=20_000,
                      repeats=3, memory_candidates=1_000_000)
     path = tmp_path / "BENCHMARKS.md"
@@ -349,7 +359,9 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     markdown = path.read_text()
     headline = markdown.split("## The jobs as the daemon runs them, against their floor\n")[1].split("\n## ")[0]
     assert headline.rstrip().endswith("\ncli_idle_s=3.00\nwork_vs_floor_max=1.33\nstartup_over_bare_s=1.30"
-                                      "\nbatch_cpu_over_floor_ms_max=800.00\nbatch_client_cpu_over_floor_ms_max=300.00")
+                                      "\nbatch_cpu_over_floor_ms_max=800.00\nbatch_client_cpu_over_floor_ms_max=300.00"
+                                      "\nbatch_cost_over_floor_ms_max=300.20")
+    assert "| 0.20 (0.10, 0.30); 1 / 1 | 300.20 |" in headline and "| 0.05 (0.05, 0.05); 2 / 1 | 100.05 |" in headline
     assert "| 1.33; 1.25 |" in headline and "| 1.00; 1.00 |" in headline
     assert "| 0.30 |" in headline and "| 1.30 |" in headline
     assert "| 800.00 / 400.00 | 300.00 / 150.00 |" in headline and "| 0.00 / 100.00 | 100.00 / 0.00 |" in headline
@@ -363,7 +375,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert again.count(run.LAUNCHED_HEADING) == 1 and "\nA run of its own.\n" in again
     assert "\nstartup_over_bare_s=0.30\n" in again and "startup_over_bare_s=1.30" not in again
     assert again.count("\nbatch_cpu_over_floor_ms_max=") == 1  # every figure line replaced, none left behind
-    assert again.count("\nbatch_client_cpu_over_floor_ms_max=") == 1
+    assert again.count("\nbatch_client_cpu_over_floor_ms_max=") == 1 and again.count("\nbatch_cost_over_floor") == 1
     assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])
 
 
@@ -433,3 +445,43 @@ def test_each_contender_takes_every_place_in_the_rounds_order():
     assert sorted(orders) == sorted(itertools.permutations(three))  # the middle one is not always in the middle
     assert [launched.round_order(("job", "deployed"), r) for r in range(4)] == [
         ("job", "deployed"), ("deployed", "job"), ("deployed", "job"), ("job", "deployed")]
+
+
+def test_recorded_statements_make_batches_that_pair_from_the_last():
+    """A batch is the writing kind of statement its side sent most (a read sent before each batch is not one) with
+    what its connection sent since the last one; what follows a connection's last batch goes with it; bucket workers'
+    batches pair bucket by bucket, from the last; a side's one extra batch at the start is left out."""
+    Sent = statements.Sent
+    job = [Sent(1, "SELECT schema", "schema"), Sent(1, "BEGIN", "BEGIN"), Sent(1, "SET; WITH x AS (UPDATE", "b1"),
+           Sent(1, "COMMIT", "COMMIT"), Sent(1, "BEGIN", "BEGIN"), Sent(1, "SET; WITH x AS (UPDATE", "b2"),
+           Sent(1, "COMMIT", "COMMIT"), Sent(1, "SELECT count", "count")]
+    floor = [Sent(9, "WITH x AS (UPDATE", "f0"), Sent(9, "WITH x AS (UPDATE", "f1"), Sent(9, "WITH x AS (UPDATE", "f2")]
+    assert statements.batches(job) == {None: [["schema", "BEGIN", "b1"], ["COMMIT", "BEGIN", "b2", "COMMIT", "count"]]}
+    assert statements.pairs(statements.batches(job), statements.batches(floor)) == [
+        (["schema", "BEGIN", "b1"], ["f1"]), (["COMMIT", "BEGIN", "b2", "COMMIT", "count"], ["f2"])]
+
+    # Bucket workers: flags read before each batch (sent more often than the batches, with the scheduler's), the
+    # scheduler's connection with no batch left out; the floor's workers on connections of their own, in any order.
+    workers = [Sent(0, "SELECT flags", "flags")] + [
+        s for bucket in range(2) for n in range(2) for s in (
+            Sent(10 + bucket, "SELECT flags", "flags"),
+            Sent(10 + bucket, "WITH d AS (DELETE", f"j{bucket}.{n}", bucket))]
+    floor_workers = [Sent(21, "WITH d AS (DELETE", f"f1.{n}", 1) for n in range(2)] + [
+        Sent(20, "WITH d AS (DELETE", f"f0.{n}", 0) for n in range(2)]
+    assert statements.pairs(statements.batches(workers), statements.batches(floor_workers)) == [
+        (["flags", "j0.0"], ["f0.0"]), (["flags", "j0.1"], ["f0.1"]),
+        (["flags", "j1.0"], ["f1.0"]), (["flags", "j1.1"], ["f1.1"])]
+
+    with pytest.raises(AssertionError, match="the job sent 2 batches, the floor 4"):
+        statements.pairs(statements.batches(job), statements.batches(floor + floor[:1]))
+    with pytest.raises(AssertionError, match=r"buckets \[0, 1\], the floor's of \[None\]"):
+        statements.pairs(statements.batches(workers), statements.batches(floor))
+
+
+def test_the_job_over_the_floor_is_each_batchs_difference_across_a_pair_of_replays():
+    """Turn 0 sent batch 0 as the job's, 1 as the floor's, …; turn 1 the other way round: each batch's job cost less
+    its floor cost, the median over the batches, in ms."""
+    first = [7_000_000, 6_000_000, 7_200_000, 6_100_000, 9_000_000]  # job, floor, job, floor, job
+    second = [6_500_000, 6_400_000, 6_900_000, 6_500_000, 6_000_000]  # floor, job, floor, job, floor
+    # differences: 0.5, 0.4, 0.3, 0.4, 3.0 -> median 0.4
+    assert statements.over_floor_ms(first, second) == pytest.approx(0.4)

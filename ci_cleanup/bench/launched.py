@@ -51,7 +51,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..devstack import REPO_ROOT, PgBouncer
 from ..gitlab import sidekiq_status
-from . import bare_job, seed
+from . import bare_job, seed, statements
 from .floor import ENVS_MAX_LOOPS, FLOORS, STALE_MAX_DELETIONS, connect
 from .jobs import BY_NAME, _enable_bulk_delete
 
@@ -80,6 +80,7 @@ CONTENDERS = ("job", "floor", "service", "idle")  # "idle": the job launched wit
 DEPLOYED = "deployed"
 DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
 IDLE_RUNS = 7  # whole-process idle launches per job after the rounds, each beside one of the bare job
+REPLAY_PAIRS = 2  # pairs of replays of the job's statements against the floor's (statements.measure)
 
 
 @dataclass
@@ -99,6 +100,9 @@ class Launched:
     # The client's part of the same runs: what ci_cleanup and Dagster spend in Python (statements built, results
     # read, events written), without PostgreSQL's work on the statements, which the floor's plans share.
     client_cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
+    # PostgreSQL's part of a batch beyond the floor's, the job's statements and the floor's sent again alternating
+    # on one connection (statements.measure); None where the server's processes cannot be read.
+    postgres: statements.PostgresPart | None = None
 
     @property
     def idle_s(self) -> float:
@@ -524,6 +528,9 @@ def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path,
                                          "the first run:"
                                          f"\n{state}\n!=\n{expected}")
         if "floor" in contenders:
+            figures.postgres = statements.measure(
+                env, job, REPLAY_PAIRS, lambda: reset(cur, job, before), lambda: digest(cur, job, before, recent),
+                expected, log_dir, log)
             reset(cur, job, before, candidates=False)  # checkpointed: the rounds' writes on disk before the idle runs
             for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
                 for idle in (True, False) if i % 2 == 0 else (False, True):

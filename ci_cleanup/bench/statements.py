@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -33,13 +34,13 @@ import psycopg2.extensions
 from ..devstack import REPO_ROOT
 from . import floor
 
-TRANSACTION_ENDS = ("BEGIN", "COMMIT", "ROLLBACK")
+WRITES = re.compile(r"\b(UPDATE|DELETE|INSERT)\b")  # a batch statement changes rows; a read never is one
 
 
 @dataclass(frozen=True)
 class Sent:
     backend: int  # the pid of the backend it went to: one connection's statements, in order
-    kind: str  # the statement before its parameters: a batch statement is the kind its side sent most
+    kind: str  # the statement before its parameters: a batch statement is the writing kind its side sent most
     text: str  # as sent, parameters in
     bucket: int | None = None  # a bucket worker's ``bucket`` parameter: the batches of each bucket pair up
 
@@ -49,12 +50,11 @@ def _bucket(parameters) -> int | None:
 
 
 def batches(sent: list[Sent]) -> dict[int | None, list[list[str]]]:
-    """Per bucket (None for a job without), each batch's statements in order: its batch statement and what the same
-    connection sent before it since the last one (a transaction's BEGIN and COMMIT, a first op's reads); what a
-    connection sent after its last batch statement goes with that batch. Connections that sent no batch statement
-    (a scheduler's flags read) are left out."""
-    counts = Counter(s.kind for s in sent if s.kind not in TRANSACTION_ENDS)
-    kind = max(counts, key=lambda k: (counts[k], len(k)))  # of a tie (a read before each batch), the longer
+    """Per bucket (None for a job without), each batch's statements in order: its batch statement (the writing kind
+    sent most) and what the same connection sent before it since the last one (a transaction's BEGIN and COMMIT, a
+    read before each batch, a first op's reads); what a connection sent after its last batch statement goes with that
+    batch. Connections that sent no batch statement (a scheduler's flags read) are left out."""
+    kind = Counter(s.kind for s in sent if WRITES.search(s.kind)).most_common(1)[0][0]
     pending: dict[int, list[str]] = defaultdict(list)
     last: dict[int, list[str]] = {}
     found: dict[int | None, list[list[str]]] = defaultdict(list)
