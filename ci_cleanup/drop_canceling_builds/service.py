@@ -156,12 +156,13 @@ def drop_statement(
 ) -> Select:
     """Pick builds and drop them, in one statement; one row: the number of builds dropped (``dropped``), their ids
     and runners as array text (``dropped_ids``, ``runner_ids``, in the service's order; read by
-    :class:`DroppedBuilds`) and the array of those picked and not dropped (``left_ids``); the arrays NULL when none.
+    :class:`DroppedBuilds`) and the ids of those picked as array text (``picked_ids``, read by :func:`_drop` only when
+    fewer were dropped than picked); the arrays NULL when none.
 
     ``WITH picked AS (<the next :limit candidates>), dropped AS (UPDATE … SET status = 'failed',
     failure_reason = …, finished_at = coalesce(finished_at, :now), updated_at = :now, lock_version + 1
     WHERE id = ANY(ARRAY(picked ids)) AND <still outdated and canceling> RETURNING …), left_pending AS
-    (DELETE FROM ci_pending_builds …), left_running AS (…) SELECT (the count and arrays, each from its CTE)``.
+    (DELETE FROM ci_pending_builds …), left_running AS (…) SELECT (the count and the arrays, each from its CTE)``.
     Arrays, not a row per build: 100 rows cost SQLAlchemy a Row each (the client's CPU per 100-row batch, 0.2 ms
     more; environments_auto_stop measured the same).
 
@@ -219,11 +220,13 @@ def drop_statement(
         ordered = aggregate_order_by(column, dropped.c.created_at, dropped.c.project_id, dropped.c.id)
         return select(cast(func.array_agg(ordered), Text)).correlate(None).scalar_subquery()
 
-    left = select(func.array_agg(picked.c.id)).where(picked.c.id.not_in(select(dropped.c.id)))
+    # The ids picked, not those left: an anti-join of the picked and the dropped in every batch cost PostgreSQL 0.05 ms
+    # a 100-build batch more (planned for every statement) for a list that is nearly always empty.
+    picked_ids = select(cast(func.array_agg(picked.c.id), Text))
     return select(
         select(func.count()).select_from(dropped).correlate(None).scalar_subquery().label("dropped"),
         in_order(dropped.c.id).label("dropped_ids"), in_order(dropped.c.runner_id).label("runner_ids"),
-        left.correlate(None).scalar_subquery().label("left_ids"),
+        picked_ids.correlate(None).scalar_subquery().label("picked_ids"),
     ).add_cte(left_pending, left_running)
 
 
@@ -240,8 +243,12 @@ def _drop(conn: Connection, schema: GitLabSchema, params: dict, **variant) -> tu
     and the ids of those it picked and left."""
     statement, fixed = compiled_drop_statement(schema, conn.dialect, **variant)
     with conn.begin():
-        count, dropped_ids, runner_ids, left_ids = conn.exec_driver_sql(statement, {**fixed, **params}).one()
-    return DroppedBuilds(count, dropped_ids, runner_ids), left_ids or []
+        count, dropped_ids, runner_ids, picked_ids = conn.exec_driver_sql(statement, {**fixed, **params}).one()
+    dropped = DroppedBuilds(count, dropped_ids, runner_ids)
+    if not picked_ids or picked_ids.count(",") + 1 == count:  # all of them dropped: nothing to read
+        return dropped, []
+    done = set(int_array(dropped_ids))
+    return dropped, [build_id for build_id in int_array(picked_ids) if build_id not in done]
 
 
 def drop_builds(
