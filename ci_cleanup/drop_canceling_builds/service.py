@@ -123,20 +123,18 @@ def outdated_canceling(schema: GitLabSchema, cutoff: dt.datetime | ColumnElement
     )
 
 
-def find_batch_query(schema: GitLabSchema, cutoff, limit, exclude) -> Select:
+def find_batch_query(schema: GitLabSchema, cutoff, limit, exclude=()) -> Select:
     """The next ``limit`` candidates, ``ORDER BY created_at, project_id`` as the service's ``each_batch`` reads them.
 
     ``exclude``: builds picked earlier in the run and not dropped, not picked again (an array
-    parameter, ``:exclude``, so that :func:`drop_statement` is built once).
+    parameter, ``:exclude``, so that :func:`drop_statement` is built once); None: no such clause. A run's batches
+    have none to exclude but after a build was left: ``id != ALL('{}')`` cost PostgreSQL 0.07 ms a 100-build batch.
     """
     b = schema.ci_builds
-    excluded = array_param("exclude", BigInteger, exclude)
-    return (
-        select(b.c.id, b.c.created_at, b.c.project_id)
-        .where(outdated_canceling(schema, cutoff), b.c.id != all_(excluded))
-        .order_by(b.c.created_at, b.c.project_id, b.c.id)
-        .limit(limit)
-    )
+    query = select(b.c.id, b.c.created_at, b.c.project_id).where(outdated_canceling(schema, cutoff))
+    if exclude is not None:
+        query = query.where(b.c.id != all_(array_param("exclude", BigInteger, exclude)))
+    return query.order_by(b.c.created_at, b.c.project_id, b.c.id).limit(limit)
 
 
 def find_batch(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime, limit: int, exclude) -> list[Row]:
@@ -152,7 +150,8 @@ def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime
 
 @functools.lru_cache(maxsize=8)
 def drop_statement(
-    schema: GitLabSchema, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE
+    schema: GitLabSchema, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE,
+    excluding: bool = True,
 ) -> Select:
     """Pick builds and drop them, in one statement; one row: the number of builds dropped (``dropped``), their ids
     and runners as array text (``dropped_ids``, ``runner_ids``, in the service's order; read by
@@ -170,8 +169,9 @@ def drop_statement(
     its row is locked (EvalPlanQual): one that stopped being a candidate is never overwritten, one
     still a candidate is dropped in its new version (what GitLab's ``retry_lock`` achieves).
     ``of_ids``: the builds ``:ids`` instead of the next batch (the per-build fallback);
-    ``failure_reason``: ``DATA_INTEGRITY_FAILURE`` dooms them. Built once; bound per batch:
-    ``:cutoff``, ``:now``, ``:limit`` and ``:exclude`` (or ``:ids``).
+    ``failure_reason``: ``DATA_INTEGRITY_FAILURE`` dooms them; ``excluding``: with the ``:exclude`` clause (the
+    builds a run left, see :func:`find_batch_query`). Built once; bound per batch: ``:cutoff``, ``:now``, ``:limit``
+    and ``:exclude`` (or ``:ids``).
     """
     b, pending, running = schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds
     cutoff, now = bindparam("cutoff", type_=TIMESTAMP), bindparam("now", type_=TIMESTAMP)
@@ -182,7 +182,7 @@ def drop_statement(
             .where(b.c.id == any_(array_param("ids", BigInteger)), candidate)
         )
     else:
-        picked = find_batch_query(schema, cutoff, bindparam("limit", type_=Integer), ())
+        picked = find_batch_query(schema, cutoff, bindparam("limit", type_=Integer), () if excluding else None)
     picked = picked.cte("picked")
     dropped = (
         update(b)
@@ -232,10 +232,12 @@ def drop_statement(
 
 @functools.lru_cache(maxsize=8)
 def compiled_drop_statement(
-    schema: GitLabSchema, dialect: Dialect, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE
+    schema: GitLabSchema, dialect: Dialect, *, of_ids: bool = False, failure_reason: int = STUCK_OR_TIMEOUT_FAILURE,
+    excluding: bool = True,
 ) -> tuple[str, dict]:
     """:func:`drop_statement` compiled once for ``dialect``, run as driver SQL (:func:`driver_sql`)."""
-    return driver_sql(drop_statement(schema, of_ids=of_ids, failure_reason=failure_reason), dialect)
+    return driver_sql(drop_statement(schema, of_ids=of_ids, failure_reason=failure_reason, excluding=excluding),
+                      dialect)
 
 
 def _drop(conn: Connection, schema: GitLabSchema, params: dict, **variant) -> tuple[DroppedBuilds, list[int]]:
@@ -321,12 +323,11 @@ def drop_canceling_builds(
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         while True:
             batch_time = now()
-            params = {
-                "cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size,
-                "exclude": array_literal(passed_over),
-            }
+            params = {"cutoff": naive_utc(cutoff), "now": naive_utc(batch_time), "limit": batch_size}
+            if passed_over:
+                params["exclude"] = array_literal(passed_over)
             try:
-                dropped, changed = _drop(conn, schema, params)
+                dropped, changed = _drop(conn, schema, params, excluding=bool(passed_over))
                 batch = BatchOutcome(dropped=dropped, changed_concurrently=changed)
             except DBAPIError as e:
                 if e.connection_invalidated:
