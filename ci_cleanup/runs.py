@@ -105,6 +105,12 @@ class BatchObserver:
         if self.clock() - self.last >= self.every:
             self.flush()
 
+    @property
+    def wants_rows(self) -> bool:
+        """Whether a batch's log rows would be kept now (this observation's table is not full yet): a service may
+        then leave the rest of its batches' rows unread, even unreturned by its statement."""
+        return bool(self.columns) and len(self.rows) < MAX_ROWS_OBSERVED
+
     def flush(self) -> None:
         if not self.per_batch:
             return

@@ -262,6 +262,28 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
     assert (result.batches, result.dropped, result.changed_concurrently) == (1, 2, 1)
 
 
+def test_a_batch_without_its_rows_counts_exactly_and_still_leaves_the_build_its_update_passed_over(stack, engine):
+    """``with_rows`` says no before each batch: its statement returns no ordered arrays; its outcome counts the builds
+    dropped, has no rows to read (an error, not an empty list), and the build its UPDATE passed over is still reported
+    and not picked again."""
+    skipped = outdated(engine, runner_id=7)
+    dropped = [outdated(engine, runner_id=8) for _ in range(3)]
+    before = row(engine, "ci_builds", skipped)
+    batches, asked = [], []
+    with updates_skipped(engine, "p_ci_builds", f"NEW.id = {skipped}"):
+        result = service.drop_canceling_builds(
+            on(engine, "ci_builds"), S, cutoff=utc_now() - service.TIMEOUT, batch_size=2, on_batch=batches.append,
+            with_rows=lambda: asked.append(True) or False)
+
+    assert row(engine, "ci_builds", skipped) == before
+    for build in dropped:
+        assert_dropped(engine, build)
+    assert [(len(b.dropped), b.changed_concurrently) for b in batches] == [(1, [skipped]), (2, [])]
+    assert (result.batches, result.dropped, result.changed_concurrently, len(asked)) == (2, 3, 1, 3)
+    with pytest.raises(LookupError, match="without its rows"):
+        list(batches[0].dropped)
+
+
 def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
     bad = outdated(engine)
     good = outdated(engine)

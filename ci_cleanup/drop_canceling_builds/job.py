@@ -97,7 +97,7 @@ def drop_batches(
         return service.drop_canceling_builds(
             gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
             cutoff=plan.cutoff, batch_size=plan.batch_size,
-            on_batch=on_batch, report_error=report_error,
+            on_batch=on_batch, report_error=report_error, with_rows=lambda: observer.wants_rows,
         )
 
 
