@@ -448,12 +448,12 @@ def test_each_contender_takes_every_place_in_the_rounds_order():
 
 
 def test_recorded_statements_make_batches_that_pair_from_the_last():
-    """A batch is the writing kind of statement its side sent most (a read sent before each batch is not one) with
-    what its connection sent since the last one; what follows a connection's last batch goes with it; bucket workers'
+    """A batch is a writing statement, of whichever variant (a read sent before each batch is not one), with what
+    its connection sent since the last one; what follows a connection's last batch goes with it; bucket workers'
     batches pair bucket by bucket, from the last; a side's one extra batch at the start is left out."""
     Sent = statements.Sent
     job = [Sent(1, "SELECT schema", "schema"), Sent(1, "BEGIN", "BEGIN"), Sent(1, "SET; WITH x AS (UPDATE", "b1"),
-           Sent(1, "COMMIT", "COMMIT"), Sent(1, "BEGIN", "BEGIN"), Sent(1, "SET; WITH x AS (UPDATE", "b2"),
+           Sent(1, "COMMIT", "COMMIT"), Sent(1, "BEGIN", "BEGIN"), Sent(1, "SET; WITH x AS (UPDATE … rows", "b2"),
            Sent(1, "COMMIT", "COMMIT"), Sent(1, "SELECT count", "count")]
     floor = [Sent(9, "WITH x AS (UPDATE", "f0"), Sent(9, "WITH x AS (UPDATE", "f1"), Sent(9, "WITH x AS (UPDATE", "f2")]
     assert statements.batches(job) == {None: [["schema", "BEGIN", "b1"], ["COMMIT", "BEGIN", "b2", "COMMIT", "count"]]}

@@ -23,7 +23,7 @@ import re
 import statistics
 import subprocess
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +34,13 @@ import psycopg2.extensions
 from ..devstack import REPO_ROOT
 from . import floor
 
-WRITES = re.compile(r"\b(UPDATE|DELETE|INSERT)\b")  # a batch statement changes rows; a read never is one
+WRITES = re.compile(r"\b(UPDATE|DELETE|INSERT)\b")  # a batch statement changes rows; a read is never one
 
 
 @dataclass(frozen=True)
 class Sent:
     backend: int  # the pid of the backend it went to: one connection's statements, in order
-    kind: str  # the statement before its parameters: a batch statement is the writing kind its side sent most
+    kind: str  # the statement before its parameters: what tells a batch statement (one that writes) from a read
     text: str  # as sent, parameters in
     bucket: int | None = None  # a bucket worker's ``bucket`` parameter: the batches of each bucket pair up
 
@@ -50,17 +50,17 @@ def _bucket(parameters) -> int | None:
 
 
 def batches(sent: list[Sent]) -> dict[int | None, list[list[str]]]:
-    """Per bucket (None for a job without), each batch's statements in order: its batch statement (the writing kind
-    sent most) and what the same connection sent before it since the last one (a transaction's BEGIN and COMMIT, a
-    read before each batch, a first op's reads); what a connection sent after its last batch statement goes with that
-    batch. Connections that sent no batch statement (a scheduler's flags read) are left out."""
-    kind = Counter(s.kind for s in sent if WRITES.search(s.kind)).most_common(1)[0][0]
+    """Per bucket (None for a job without), each batch's statements in order: its batch statement (one that writes:
+    on one database each job's batch is one, whatever its variant) and what the same connection sent before it since
+    the last one (a transaction's BEGIN and COMMIT, a read before each batch, a first op's reads); what a connection
+    sent after its last batch statement goes with that batch. Connections that sent no batch statement (a
+    scheduler's flags read) are left out."""
     pending: dict[int, list[str]] = defaultdict(list)
     last: dict[int, list[str]] = {}
     found: dict[int | None, list[list[str]]] = defaultdict(list)
     for s in sent:
         pending[s.backend].append(s.text)
-        if s.kind == kind:
+        if WRITES.search(s.kind):
             last[s.backend] = pending.pop(s.backend)
             found[s.bucket].append(last[s.backend])
     for backend, batch in last.items():
