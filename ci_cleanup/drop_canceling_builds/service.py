@@ -132,7 +132,7 @@ def find_batch_query(schema: GitLabSchema, cutoff, limit, exclude=()) -> Select:
 
     ``exclude``: builds picked earlier in the run and not dropped, not picked again (an array
     parameter, ``:exclude``, so that :func:`drop_statement` is built once); None: no such clause. A run's batches
-    have none to exclude but after a build was left: ``id != ALL('{}')`` cost PostgreSQL 0.07 ms a 100-build batch.
+    have none to exclude until a build is left: ``id != ALL('{}')`` cost PostgreSQL 0.025 ms a 100-build batch.
     """
     b = schema.ci_builds
     query = select(b.c.id, b.c.created_at, b.c.project_id).where(outdated_canceling(schema, cutoff))

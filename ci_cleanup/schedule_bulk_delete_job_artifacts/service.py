@@ -353,7 +353,8 @@ def run_bucket_worker(
     autocommit = {"isolation_level": "AUTOCOMMIT"}
     with contextlib.ExitStack() as connections:
         conn = connections.enter_context(engine.connect().execution_options(**autocommit))
-        flags_conn = flags_engine and connections.enter_context(flags_engine.connect().execution_options(**autocommit))
+        flags_conn = None if flags_engine is None else connections.enter_context(
+            flags_engine.connect().execution_options(**autocommit))
         flags = None
         while True:
             if flags_conn is not None:
@@ -365,7 +366,7 @@ def run_bucket_worker(
             if result.stopped or result.batches >= max_batches or out_of_time:
                 flags = flags or read_flags(conn, schema)  # for the release: no batch read them yet
                 break
-            batch = delete_batch(conn, schema, bucket, now(), batch_size, after, flags if flags_conn else None)
+            batch = delete_batch(conn, schema, bucket, now(), batch_size, after, None if flags_conn is None else flags)
             flags = batch.flags
             if not go_on(flags):  # the batch read them and deleted nothing
                 break
