@@ -411,7 +411,7 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   written). The whole figure is kept as a check; it cannot resolve the budget: the same run's PostgreSQL CPU moves by
   about ±0.5 ms a batch from one run to the next.
 - "PostgreSQL's part, statement by statement" (`ci_cleanup/bench/statements.py`): after the rounds, the job run once in
-  process with its own resources (its `SET LOCAL` prefix, its transactions) and the floor once, every statement each
+  process with its own resources (its statement timeout, its transactions) and the floor once, every statement each
   sends recorded; then, {launched.REPLAY_PAIRS} pairs of times from the same reset state, on one new connection, the
   batches sent again alternating, batch i as the job sent it and batch i + 1 as the floor did, the other way round in
   the pair's second replay; the backend's CPU around each batch from `/proc/<pid>/schedstat`. Each batch's two costs
