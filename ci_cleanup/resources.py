@@ -42,6 +42,7 @@ from .gitlab.redis_stores import (  # noqa: F401  (redact_redis_url, UNSHOWN_URL
 from .gitlab.schema import (
     CI_DATABASE,
     MAIN_DATABASE,
+    STATEMENT_PREFIX,
     GitLabSchema,
     SchemaMismatch,
     database_of,
@@ -240,6 +241,10 @@ class GitLabDatabase(ConfigurableResource):
             if statement.startswith(("ROLLBACK", "RELEASE", "SAVEPOINT")):
                 return statement, parameters
             return limit + statement, parameters
+
+        @event.listens_for(engine, "connect")
+        def _prefix_for_one_row(_dbapi_connection, record):
+            record.info[STATEMENT_PREFIX] = limit  # what one_row sends first, on the cursor the listener never sees
 
         where = f"{_DATABASE_NAMES[database]} at {self._where(database)}"
 

@@ -242,6 +242,25 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
     assert [(b.id, b.runner_id, b.status) for b in outcome.dropped] == [(retried, 99, "canceling")]  # as read back
 
 
+def test_a_batch_sent_on_its_own_cursor_needs_autocommit_or_a_transaction_begun(stack, engine):
+    """The batch statement skips SQLAlchemy's execution (``one_row``): on a connection neither autocommit nor in a
+    transaction begun on it, psycopg2 would open one SQLAlchemy does not know of and the pool would roll the batch back
+    when the connection is returned; it is refused there, nothing sent. In a transaction begun, it commits with it."""
+    build = outdated(engine)
+    before = row(engine, "ci_builds", build)
+    params = {"cutoff": service.naive_utc(utc_now() - service.TIMEOUT), "now": service.naive_utc(utc_now()),
+              "limit": 100}
+    with on(engine, "ci_builds").connect() as conn:
+        with pytest.raises(RuntimeError, match="one_row needs an autocommit connection or a transaction begun on it"):
+            service._drop(conn, S, params, excluding=False)
+        assert not conn.in_transaction()
+    assert_untouched(engine, build, before)
+    with on(engine, "ci_builds").connect() as conn, conn.begin():
+        dropped, left = service._drop(conn, S, params, excluding=False)
+    assert [(b.id, b.status) for b in dropped] == [(build, "canceling")] and left == []
+    assert_dropped(engine, build)
+
+
 def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_picked_again(stack, engine):
     """A build the batch picks and its UPDATE passes over (here a trigger skips its row, as a change and its undoing
     while we waited would) is left as it is, reported changed concurrently, and not picked again in the run."""

@@ -197,6 +197,26 @@ def test_a_statement_over_the_timeout_is_cancelled_through_pgbouncer_and_the_run
     assert row(dbs, "ci_runner_machines", machine) is not None
 
 
+def test_drops_batch_sent_on_its_own_cursor_still_has_the_timeout_and_its_cancellation_named(
+    deployed, dbs, redis_client
+):
+    """drop_canceling_builds' batch statement skips SQLAlchemy's execution (``one_row``): the timeout still goes with
+    it through PgBouncer, and its cancellation fails the run named as any other statement's, the build unchanged."""
+    build = create(dbs, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    before = row(dbs, "ci_builds", build)
+    with dbs.ci.connect() as holder:
+        holder.execute(text("SELECT id FROM p_ci_builds WHERE id = :id FOR UPDATE"), {"id": build})
+        result = BY_NAME["drop_canceling_builds"].job.execute_in_process(
+            resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url(), statement_timeout_seconds=1),
+            raise_on_error=False)
+        holder.rollback()
+    message = failure_messages(result)
+    assert not result.success
+    assert "ran over the statement timeout (1 s) in GitLab's ci database (PostgreSQL) at " in message, message
+    assert "was cancelled: WITH picked AS (SELECT p_ci_builds.id" in message, message  # the batch's, prefix off
+    assert row(dbs, "ci_builds", build) == before
+
+
 # --------------------------------------------------------------------------- environments_auto_stop, killed between
 # its two databases' commits: stop actions played and committed in ci, environments not yet written in main.
 

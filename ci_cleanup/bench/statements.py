@@ -160,35 +160,41 @@ def measure(env: dict[str, str], job: str, pairs_of_replays: int, reset: Callabl
 # -- the recording, in its own process ---------------------------------------------------------------------------
 
 
-def record_job(job: str, sent: list[Sent]) -> None:
+class Recording(psycopg2.extensions.cursor):
+    """A cursor that records what it sends (``SENT``), with the BEGIN psycopg2 sends before a transaction's first
+    statement."""
+
+    SENT: list[Sent] = []
+
+    def execute(self, query, vars=None):
+        info = self.connection.info
+        if not self.connection.autocommit and info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            self.SENT.append(Sent(info.backend_pid, "BEGIN", "BEGIN"))
+        super().execute(query, vars)
+        self.SENT.append(Sent(info.backend_pid, query, self.query.decode(), _bucket(vars)))
+
+
+def record_job(job: str) -> None:
     """The job run in this process with its own resources, as a launch runs it; every statement its GitLab
-    connections send recorded, with the BEGIN and COMMIT psycopg2 sends around a transaction's."""
+    connections send recorded, through SQLAlchemy or on their own cursors (a batch statement's, ``one_row``), with
+    the BEGIN and COMMIT psycopg2 sends around a transaction's."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
     from ..definitions import defs
     from .launched import RUN_CONFIG
 
-    idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
-
-    def dbapi(conn):
-        return conn.connection.dbapi_connection
-
-    @event.listens_for(Engine, "before_cursor_execute")
-    def begin(conn, cursor, statement, parameters, context, executemany):
-        if conn.dialect.name == "postgresql" and not cursor.connection.autocommit \
-                and cursor.connection.info.transaction_status == idle:
-            sent.append(Sent(cursor.connection.info.backend_pid, "BEGIN", "BEGIN"))
-
-    @event.listens_for(Engine, "after_cursor_execute")
-    def statement(conn, cursor, statement, parameters, context, executemany):
-        if conn.dialect.name == "postgresql":
-            sent.append(Sent(cursor.connection.info.backend_pid, statement, cursor.query.decode(), _bucket(parameters)))
+    @event.listens_for(Engine, "connect")
+    def recorded(dbapi_connection, _record):
+        if isinstance(dbapi_connection, psycopg2.extensions.connection):
+            dbapi_connection.cursor_factory = Recording
 
     def end(word: str):
         def ended(conn):
-            if conn.dialect.name == "postgresql" and dbapi(conn).info.transaction_status != idle:
-                sent.append(Sent(dbapi(conn).info.backend_pid, word, word))
+            dbapi_connection = conn.connection.dbapi_connection
+            if isinstance(dbapi_connection, psycopg2.extensions.connection) \
+                    and dbapi_connection.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+                Recording.SENT.append(Sent(dbapi_connection.info.backend_pid, word, word))
         return ended
 
     event.listen(Engine, "commit", end("COMMIT"))
@@ -198,13 +204,8 @@ def record_job(job: str, sent: list[Sent]) -> None:
         raise SystemExit(f"{job} failed in process")
 
 
-def record_floor(job: str, sent: list[Sent]) -> None:
+def record_floor(job: str) -> None:
     import redis
-
-    class Recording(psycopg2.extensions.cursor):
-        def execute(self, query, vars=None):
-            super().execute(query, vars)
-            sent.append(Sent(self.connection.info.backend_pid, query, self.query.decode(), _bucket(vars)))
 
     floor.CURSOR = Recording
     floor.FLOORS[job](os.environ["CI_CLEANUP_DATABASE_URL"], redis.Redis.from_url(os.environ["CI_CLEANUP_REDIS_URL"]))
@@ -212,9 +213,8 @@ def record_floor(job: str, sent: list[Sent]) -> None:
 
 def main(argv: list[str]) -> None:
     side, job, out = argv
-    sent: list[Sent] = []
-    (record_job if side == "job" else record_floor)(job, sent)
-    Path(out).write_text(json.dumps([[s.backend, s.kind, s.text, s.bucket] for s in sent]))
+    (record_job if side == "job" else record_floor)(job)
+    Path(out).write_text(json.dumps([[s.backend, s.kind, s.text, s.bucket] for s in Recording.SENT]))
 
 
 if __name__ == "__main__":

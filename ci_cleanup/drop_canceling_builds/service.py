@@ -47,6 +47,7 @@ from ..gitlab.schema import (
     driver_sql,
     int_array,
     naive_utc,
+    one_row,
     utc_now,
 )
 
@@ -249,11 +250,10 @@ def compiled_drop_statement(
 
 
 def _drop(conn: Connection, schema: GitLabSchema, params: dict, **variant) -> tuple[DroppedBuilds, list[int]]:
-    """Run a drop statement (``variant``: :func:`drop_statement`'s) in its own transaction: the builds it dropped,
-    and the ids of those it picked and left."""
+    """Run a drop statement (``variant``: :func:`drop_statement`'s), its own transaction on an autocommit
+    connection: the builds it dropped, and the ids of those it picked and left."""
     statement, fixed = compiled_drop_statement(schema, conn.dialect, **variant)
-    with conn.begin():
-        count, dropped_ids, runner_ids, picked_ids = conn.exec_driver_sql(statement, {**fixed, **params}).one()
+    count, dropped_ids, runner_ids, picked_ids = one_row(conn, statement, {**fixed, **params})
     dropped = DroppedBuilds(count, dropped_ids, runner_ids, with_rows=variant.get("rows", True))
     if not picked_ids or picked_ids.count(",") + 1 == count:  # all of them dropped: nothing to read
         return dropped, []
@@ -270,7 +270,7 @@ def drop_builds(
     A build no longer outdated and canceling changed concurrently and is left as it is.
     """
     if isinstance(conn, Engine):
-        with conn.connect() as connection:
+        with conn.connect() as connection, connection.begin():
             return drop_builds(connection, schema, builds, cutoff, now, failure_reason)
     ids = [build.id for build in builds]
     params = {"cutoff": naive_utc(cutoff), "now": naive_utc(now), "ids": array_literal(ids)}
