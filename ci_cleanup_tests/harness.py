@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import psycopg2.extensions
 import redis
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from ci_cleanup.devstack import EmbeddedStack, PgBouncer, create_decomposed
@@ -127,6 +128,38 @@ class DeployedStack:
     def env(self) -> dict[str, str]:
         urls = {"CI_CLEANUP_DATABASE_URL": self.url(), "CI_CLEANUP_CI_DATABASE_URL": self.ci_url()}
         return {**self.embedded.env(), **urls}
+
+
+@contextlib.contextmanager
+def statements_sent(*engines: Engine) -> Iterator[list[tuple[Engine, str, object]]]:
+    """Every statement sent on these engines' connections while inside (its engine, its SQL, its parameters), through
+    SQLAlchemy or on a connection's own cursor (a batch statement's, ``one_row``), as psycopg2 is handed it."""
+    sent: list[tuple[Engine, str, object]] = []
+
+    def recording(engine: Engine) -> type:
+        class Recording(psycopg2.extensions.cursor):
+            def execute(self, query, vars=None):
+                sent.append((engine, query, vars))
+                return super().execute(query, vars)
+        return Recording
+
+    def checkin(dbapi_connection, _record):
+        dbapi_connection.cursor_factory = None
+
+    def checkout(factory: type):
+        def checked_out(dbapi_connection, _record, _proxy):
+            dbapi_connection.cursor_factory = factory
+        return checked_out
+
+    listeners = [(engine, name, fn) for engine in set(engines)
+                 for name, fn in (("checkout", checkout(recording(engine))), ("checkin", checkin))]
+    for listener in listeners:
+        event.listen(*listener)
+    try:
+        yield sent
+    finally:
+        for listener in listeners:
+            event.remove(*listener)
 
 
 @contextlib.contextmanager

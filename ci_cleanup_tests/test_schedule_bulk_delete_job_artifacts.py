@@ -19,7 +19,6 @@ import time
 import pytest
 from dagster import DagsterInstance
 from sqlalchemy import create_engine, delete, insert, select, text
-from sqlalchemy import event as sqlalchemy_event
 
 from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets
@@ -37,7 +36,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import DeployedStack, clean_env, gitlab_database, on
+from .harness import DeployedStack, clean_env, gitlab_database, on, statements_sent
 from .runner import op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -500,18 +499,10 @@ def test_a_batch_is_one_statement_that_reads_the_flags_or_main_is_read_before_it
         artifact(engine, bucket=0, project_id=p * 5)
     redis_client.sadd(AVAILABLE_KEY, "0")
     artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
-    sent = []
-
-    def count(conn, cursor, statement, parameters, context, executemany):
-        sent.append((conn.engine, "feature_gates" if statement.lstrip().startswith("SELECT") else "batch"))
-
-    for watched in {artifacts, flags}:
-        sqlalchemy_event.listen(watched, "before_cursor_execute", count)
-    try:
+    with statements_sent(artifacts, flags) as statements:
         result = run_worker(engine, redis_client, batch_size=2)
-    finally:
-        for watched in {artifacts, flags}:
-            sqlalchemy_event.remove(watched, "before_cursor_execute", count)
+    sent = [(watched, "batch" if "DELETE" in sql else "feature_gates" if "feature_gates" in sql else sql)
+            for watched, sql, _ in statements]
 
     assert (result.batches, result.destroyed_job_artifacts_count, result.artifacts_empty) == (3, 5, True)
     if flags is artifacts:

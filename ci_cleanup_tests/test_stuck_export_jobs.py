@@ -8,7 +8,7 @@ import threading
 import pytest
 import redis
 from dagster import DagsterInstance
-from sqlalchemy import event, text, update
+from sqlalchemy import text, update
 
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.gitlab.sidekiq_status import status_key
@@ -29,7 +29,7 @@ from .factories import (
     updates_refused,
     updates_skipped,
 )
-from .harness import gitlab_database, on
+from .harness import gitlab_database, on, statements_sent
 from .runner import failure_messages, op_metadata, run_job
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -510,18 +510,11 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
     # project_export_jobs walked by its primary key; an empty side table may be scanned (its statistics say empty).
     assert "index_project_export_jobs_on_status" not in fail_and_walk, fail_and_walk
     assert "Seq Scan on project_export_jobs" not in fail_and_walk, fail_and_walk
-    statements = []
-
-    def sent(conn, cursor, statement, parameters, context, executemany):
-        statements.append((parameters.get("after_id"), "status + 0" in statement))
-
-    exports_engine = on(engine, "project_export_jobs")
-    event.listen(exports_engine, "before_cursor_execute", sent)
-    try:
-        result = service.mark_stuck_jobs_as_failed(exports_engine, S, redis_client, grace_cutoff=ago(hours=6),
-                                                   first_id=enqueued.first_id, walk=enqueued.dense)
-    finally:
-        event.remove(exports_engine, "before_cursor_execute", sent)
+    with statements_sent(on(engine, "project_export_jobs")) as sent:
+        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client,
+                                                   grace_cutoff=ago(hours=6), first_id=enqueued.first_id,
+                                                   walk=enqueued.dense)
+    statements = [(parameters.get("after_id"), "status + 0" in sql) for _, sql, parameters in sent]
 
     assert (result.stuck, result.chunks) == (2500, 3)
     assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == []

@@ -70,6 +70,7 @@ from ..gitlab.schema import (
     driver_sql,
     int_array,
     naive_utc,
+    one_row,
     utc_now,
 )
 
@@ -497,8 +498,8 @@ def stop_batch_at_once(main: Connection, schema: GitLabSchema, now: dt.datetime,
     """
     with main.begin():  # on an autocommit connection, SQLAlchemy's bookkeeping only: nothing is sent
         statement, fixed = compiled_batch_statement(schema, main.dialect)
-        ids, settings, with_actions, stopping, stopped, played, cursor_at = main.exec_driver_sql(
-            statement, {**fixed, **params, "naive_now": naive_utc(now)}).one()
+        ids, settings, with_actions, stopping, stopped, played, cursor_at = one_row(
+            main, statement, {**fixed, **params, "naive_now": naive_utc(now)})
     batch = BatchOutcome()
     if ids is None:
         return batch, None

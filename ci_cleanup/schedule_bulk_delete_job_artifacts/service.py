@@ -50,6 +50,7 @@ from ..gitlab.schema import (
     TIMESTAMPTZ,
     GitLabSchema,
     driver_sql,
+    one_row,
     utc_now,
 )
 
@@ -287,8 +288,8 @@ def delete_batch(
     if flags is not None:
         params.update(enabled=flags.enabled, max_buckets=flags.max_buckets)
     statement, fixed = driver_sql(batch_statement(schema, flags_read=flags is None), conn.dialect)
-    last_expire_at, last_id, ids, size, deleted_objects, enabled, max_buckets = conn.exec_driver_sql(
-        statement, {**fixed, **params}).one()
+    last_expire_at, last_id, ids, size, deleted_objects, enabled, max_buckets = one_row(
+        conn, statement, {**fixed, **params})
     return DeletedBatch(
         ids=ids or [], size=size, deleted_objects=deleted_objects, last=(last_expire_at, last_id) if ids else after,
         flags=Flags(enabled=enabled, max_buckets=max_buckets),

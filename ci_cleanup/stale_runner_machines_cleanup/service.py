@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import ColumnElement, Integer, Select, and_, any_, bindparam, delete, func, or_, select, union_all
 from sqlalchemy.engine import Connection, Dialect, Engine
 
-from ..gitlab.schema import TIMESTAMPTZ, GitLabSchema, driver_sql
+from ..gitlab.schema import TIMESTAMPTZ, GitLabSchema, driver_sql, one_row
 
 STALE_TIMEOUT = dt.timedelta(days=7)  # Ci::RunnerManager::STALE_TIMEOUT
 SUB_BATCH_LIMIT = 100
@@ -84,7 +84,7 @@ def delete_sub_batch(engine: Engine | Connection, schema: GitLabSchema, deadline
             return delete_sub_batch(conn, schema, deadline, limit)
     statement, fixed = _compiled_sub_batch_statement(schema, engine.dialect)
     with engine.begin():
-        return engine.exec_driver_sql(statement, {**fixed, "deadline": deadline, "limit": limit}).scalar() or []
+        return one_row(engine, statement, {**fixed, "deadline": deadline, "limit": limit})[0] or []
 
 
 @functools.lru_cache(maxsize=8)

@@ -49,6 +49,7 @@ from ..gitlab.schema import (
     array_literal,
     array_param,
     driver_sql,
+    one_row,
     utc_now,
 )
 
@@ -382,12 +383,12 @@ def _fail(
     params = {**completed_params(jobs, grace_cutoff), "now": now}
     if next_page is None:
         statement, fixed = driver_sql(fail_statement(schema), conn.dialect)  # compiled once
-        failed, spared, outcomes = conn.exec_driver_sql(statement, {**fixed, **params}).one()
+        failed, spared, outcomes = one_row(conn, statement, {**fixed, **params})
         page = None
     else:
         statement, fixed = driver_sql(fail_and_page_statement(schema, next_page.walk), conn.dialect)
         params = {**fixed, **params, **next_page.params()}
-        failed, spared, outcomes, ids, jids = conn.exec_driver_sql(statement, params).one()
+        failed, spared, outcomes, ids, jids = one_row(conn, statement, params)
         page = _exports(ids, jids)
     return set(failed or ()), dict(zip(spared or (), outcomes or ())), page
 
