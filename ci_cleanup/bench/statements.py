@@ -180,14 +180,22 @@ def record_job(job: str) -> None:
     the BEGIN and COMMIT psycopg2 sends around a transaction's."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
+    from sqlalchemy.pool import Pool
 
     from ..definitions import defs
     from .launched import RUN_CONFIG
 
-    @event.listens_for(Engine, "connect")
-    def recorded(dbapi_connection, _record):
+    # While a connection is checked out: not the pool's own statements (a new connection's first reads, in a
+    # transaction whose rollback SQLAlchemy sends on the connection itself, unseen), which the job's work never sends.
+    @event.listens_for(Pool, "checkout")
+    def recorded(dbapi_connection, _record, _proxy):
         if isinstance(dbapi_connection, psycopg2.extensions.connection):
             dbapi_connection.cursor_factory = Recording
+
+    @event.listens_for(Pool, "checkin")
+    def unrecorded(dbapi_connection, _record):
+        if isinstance(dbapi_connection, psycopg2.extensions.connection):
+            dbapi_connection.cursor_factory = None
 
     def end(word: str):
         def ended(conn):

@@ -88,7 +88,8 @@ def array_param(name: str, item_type, values=None) -> ColumnElement:
 
 @functools.lru_cache(maxsize=32)
 def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
-    """``statement`` compiled for ``dialect``, to run as driver SQL (``Connection.exec_driver_sql``): its SQL and its
+    """``statement`` compiled for ``dialect``, to run as driver SQL (``Connection.exec_driver_sql``, or :func:`one_row`
+    for a batch statement): its SQL and its
     named parameters (their values when bound already), for a statement run once per batch and built once; compiled
     once per statement (cached: pass a statement built once, and never change the parameters returned).
 
@@ -101,7 +102,7 @@ def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
     work for environments_auto_stop's statement. Driver SQL skips SQLAlchemy's conversion of the values bound: refused
     for a parameter whose type would convert its value (an ``ARRAY`` does: bind arrays with :func:`array_param`;
     datetimes, text and integers psycopg2 binds itself). Arrays come back from psycopg2 as lists. The statement
-    timeout still reaches it (a cursor listener).
+    timeout still reaches it (a cursor listener; :func:`one_row` sends it itself).
     """
     compiled = statement.compile(dialect=dialect)
     converted = sorted(name for name, bind in compiled.binds.items() if bind.type.bind_processor(dialect))
