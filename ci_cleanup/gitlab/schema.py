@@ -89,9 +89,9 @@ def array_param(name: str, item_type, values=None) -> ColumnElement:
 @functools.lru_cache(maxsize=32)
 def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
     """``statement`` compiled for ``dialect``, to run as driver SQL (``Connection.exec_driver_sql``, or :func:`one_row`
-    for a batch statement): its SQL and its
-    named parameters (their values when bound already), for a statement run once per batch and built once; compiled
-    once per statement (cached: pass a statement built once, and never change the parameters returned).
+    for a batch statement): its SQL and its named parameters (their values when bound already), for a statement run
+    once per batch and built once; compiled once per statement (cached: pass a statement built once, and never change
+    the parameters returned).
 
     The constants of its expressions (statuses, names, NULL: SQLAlchemy's unnamed parameters) are written into the
     SQL, quoted by SQLAlchemy, once: psycopg2 interpolates parameters into the text on the client anyway, so
