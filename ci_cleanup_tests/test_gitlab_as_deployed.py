@@ -181,40 +181,36 @@ def test_the_statement_timeout_holds_in_every_transaction_the_jobs_open(deployed
     assert row(dbs, *seeded["stale_runner_machines_cleanup"]) is None
 
 
+# What each job's statement meets, held by another session: stale's table locked (its DELETE, through SQLAlchemy), or
+# drop's build's row (its batch statement, sent on the connection's own cursor by one_row); and how it is named.
+_HELD = {
+    "stale_runner_machines_cleanup": (
+        lambda dbs: create(dbs, "ci_runner_machines", created_at=ago(days=8)), "ci_runner_machines",
+        "LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE", "WITH deleted AS (DELETE FROM ci_runner_machines"),
+    "drop_canceling_builds": (
+        lambda dbs: create(dbs, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2)),
+        "ci_builds", "SELECT id FROM p_ci_builds FOR UPDATE", "WITH picked AS (SELECT p_ci_builds.id"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HELD))
 def test_a_statement_over_the_timeout_is_cancelled_through_pgbouncer_and_the_run_fails_naming_it(
-    deployed, dbs, redis_client
+    deployed, dbs, redis_client, name
 ):
-    machine = create(dbs, "ci_runner_machines", created_at=ago(days=8))
+    make, table, hold, statement = _HELD[name]
+    made = make(dbs)
+    before = row(dbs, table, made)
     with dbs.ci.connect() as holder:
-        holder.execute(text("LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE"))
-        result = BY_NAME["stale_runner_machines_cleanup"].job.execute_in_process(
+        holder.execute(text(hold))
+        result = BY_NAME[name].job.execute_in_process(
             resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url(), statement_timeout_seconds=1),
             raise_on_error=False)
         holder.rollback()
     message = failure_messages(result)
     assert not result.success
     assert "ran over the statement timeout (1 s) in GitLab's ci database (PostgreSQL) at " in message, message
-    assert row(dbs, "ci_runner_machines", machine) is not None
-
-
-def test_drops_batch_sent_on_its_own_cursor_still_has_the_timeout_and_its_cancellation_named(
-    deployed, dbs, redis_client
-):
-    """drop_canceling_builds' batch statement skips SQLAlchemy's execution (``one_row``): the timeout still goes with
-    it through PgBouncer, and its cancellation fails the run named as any other statement's, the build unchanged."""
-    build = create(dbs, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
-    before = row(dbs, "ci_builds", build)
-    with dbs.ci.connect() as holder:
-        holder.execute(text("SELECT id FROM p_ci_builds WHERE id = :id FOR UPDATE"), {"id": build})
-        result = BY_NAME["drop_canceling_builds"].job.execute_in_process(
-            resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url(), statement_timeout_seconds=1),
-            raise_on_error=False)
-        holder.rollback()
-    message = failure_messages(result)
-    assert not result.success
-    assert "ran over the statement timeout (1 s) in GitLab's ci database (PostgreSQL) at " in message, message
-    assert "was cancelled: WITH picked AS (SELECT p_ci_builds.id" in message, message  # the batch's, prefix off
-    assert row(dbs, "ci_builds", build) == before
+    assert f"was cancelled: {statement}" in message, message  # the statement's own text, the timeout's prefix off
+    assert row(dbs, table, made) == before
 
 
 # --------------------------------------------------------------------------- environments_auto_stop, killed between
