@@ -56,9 +56,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by, insert
-from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import Executable
 
 from ..gitlab.schema import (
     AUTO_STOP_ALWAYS,
@@ -69,6 +68,7 @@ from ..gitlab.schema import (
     array_literal,
     array_param,
     driver_sql,
+    execute_driver_sql,
     int_array,
     naive_utc,
     one_row,
@@ -372,14 +372,6 @@ def compiled_batch_statement(schema: GitLabSchema, dialect: Dialect) -> tuple[st
     return driver_sql(batch_statement(schema), dialect)
 
 
-def _execute(conn: Connection, statement: Executable, params: dict) -> CursorResult:
-    """A step of a batch done in steps (pick, stop actions, states: each statement built once) as driver SQL
-    (:func:`driver_sql`), without SQLAlchemy building its cache key again each time: decomposed through PgBouncer,
-    1,000 batches took 1.88 s of the client's CPU against 2.24 s."""
-    sql, fixed = driver_sql(statement, conn.dialect)
-    return conn.exec_driver_sql(sql, {**fixed, **params})
-
-
 def _cursor(rows) -> tuple | None:
     """The cursor after a batch: its last row's (auto_stop_at as text, id); None when the batch was empty."""
     return (rows[-1].cursor_at, rows[-1].id) if rows else None
@@ -401,7 +393,8 @@ def _stop_actions(
     }
     in_batch = ci.in_transaction()
     with (ci.begin_nested() if savepoint else contextlib.nullcontext()) if in_batch else ci.begin():
-        return {r.environment_id: r for r in _execute(ci, stop_actions_statement(schema, dry_run=dry_run), params)}
+        statement = stop_actions_statement(schema, dry_run=dry_run)
+        return {r.environment_id: r for r in execute_driver_sql(ci, statement, params)}
 
 
 def _planned(has_actions: bool, auto_stop_setting: int, play: bool) -> str:
@@ -423,7 +416,7 @@ def _write_states(main: Connection, schema: GitLabSchema, now: dt.datetime, plan
         "stopping_ids": array_literal(i for i, o in plan.items() if o == STOPPING),
         "stopped_ids": array_literal(i for i, o in plan.items() if o == STOPPED),
     }
-    written = {r.id: r.outcome for r in _execute(main, state_statement(schema), params)}
+    written = {r.id: r.outcome for r in execute_driver_sql(main, state_statement(schema), params)}
     return {i: _outcome(o, written.get(i)) for i, o in plan.items()}
 
 
@@ -542,7 +535,7 @@ def stop_next_batch(
 
     def attempt(careful: bool, batch: BatchOutcome) -> tuple[BatchOutcome, tuple | None]:
         with main.begin():
-            picked = _execute(main, pick_statement(schema, lock=not dry_run), params).all()
+            picked = execute_driver_sql(main, pick_statement(schema, lock=not dry_run), params).all()
             stop_picked(main, ci, schema, now, picked, dry_run=dry_run, play=play, report_error=report_error,
                         careful=careful, batch=batch)
         return batch, _cursor(picked)
@@ -578,7 +571,8 @@ def stop_environment(
 ) -> tuple[str, list[int]]:
     """Stop one environment, if still auto-stoppable: its outcome and the stop actions played."""
     with main.begin():
-        picked = _execute(main, pick_statement(schema, one=True), {"environment_id": environment_id, "now": now}).all()
+        params = {"environment_id": environment_id, "now": now}
+        picked = execute_driver_sql(main, pick_statement(schema, one=True), params).all()
         batch = stop_picked(main, ci, schema, now, picked)
     if not picked:
         return CHANGED_CONCURRENTLY, []

@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql.base import ischema_names
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.types import NullType
 
@@ -117,6 +117,14 @@ def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
         else:  # a constant of an expression: written into the text once, not adapted by psycopg2 at each execution
             sql = sql.replace(f"%({name})s", "NULL" if value is None else render(value))
     return sql, bound
+
+
+def execute_driver_sql(conn: Connection, statement: Executable, parameters: dict | None = None) -> CursorResult:
+    """``statement`` (built once) run as driver SQL (:func:`driver_sql`), ``parameters`` over those it bound: no cache
+    key built again at each execution, as ``Connection.execute`` builds one. For a batch's other statements (the flags
+    read, a batch done in steps); its one-row batch statement goes through :func:`one_row`."""
+    sql, fixed = driver_sql(statement, conn.dialect)
+    return conn.exec_driver_sql(sql, {**fixed, **(parameters or {})})
 
 
 # A connection's statement prefix (the resource's statement timeout), in its DBAPI connection's info:

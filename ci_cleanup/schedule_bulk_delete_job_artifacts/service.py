@@ -50,6 +50,7 @@ from ..gitlab.schema import (
     TIMESTAMPTZ,
     GitLabSchema,
     driver_sql,
+    execute_driver_sql,
     one_row,
     utc_now,
 )
@@ -83,8 +84,7 @@ def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
     (:func:`~ci_cleanup.gitlab.schema.driver_sql`; SQLAlchemy's cache key, built again for each execution, cost more
     than the rest of a worker's Python per batch).
     """
-    statement, fixed = driver_sql(flags_query(schema), conn.dialect)
-    enabled, max_buckets = conn.exec_driver_sql(statement, fixed).one()
+    enabled, max_buckets = execute_driver_sql(conn, flags_query(schema)).one()
     return Flags(enabled=enabled, max_buckets=max_buckets)
 
 
