@@ -105,7 +105,7 @@ def artifact_batch(engine):
     expired = first_ids(engine, query, 1000)
     cursor = expired[len(expired) // 2]
     return bulk_delete.batch_statement(S).params(
-        bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after_expire_at=cursor.expire_at, after_id=cursor.id,
+        bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after=cursor.expire_at,
         max_buckets=bulk_delete.MAX_BUCKETS,
         **bulk_delete.pick_up_at_bounds(NOW),
     )

@@ -525,6 +525,23 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     assert redis_state(redis_client) == ({0}, {})
 
 
+def test_a_batch_without_its_ids_counts_exactly_and_the_worker_goes_on_as_with_them(stack, engine, redis_client):
+    """``with_rows``, asked before each batch, says no to the second: that batch returns its count, size and cursor,
+    not its ids (None, not an empty list), and the worker counts and goes on exactly as with them."""
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=p * 5, expire_at=ago(hours=10 - p), size=p) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    asked, batches = [], []
+
+    result = run_worker(engine, redis_client, batch_size=2, on_batch=lambda bucket, batch: batches.append(batch),
+                        with_rows=lambda: len(asked.append(True) or asked) != 2)
+
+    assert [(b.count, b.ids, b.size) for b in batches] == [(2, created[:2], 3), (2, None, 7), (1, created[4:], 5)]
+    assert (result.destroyed_job_artifacts_count, result.batches, result.size, result.artifacts_empty, len(asked)) == (
+        5, 3, 15, True, 3)
+    assert ids(engine, "ci_job_artifacts") == [] and len(deleted_objects(engine)) == 5
+
+
 def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack, engine, redis_client):
     """The run was terminated: the worker ends the batch it is in (one statement), starts no other, and gives its
     bucket back (no transaction of it can linger)."""

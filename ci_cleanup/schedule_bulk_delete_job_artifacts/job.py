@@ -161,18 +161,18 @@ def bucket_workers(
     # From the workers: (bucket, DeletedBatch) after each batch, then (bucket, WorkerResult or the error raised).
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
     stop = threading.Event()
+    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
 
     def work(engine: Engine, flags_engine: Engine | None, bucket: int) -> None:
         try:
             handed_over.put((bucket, service.run_bucket_worker(
                 engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
                 max_runtime=max_runtime, on_batch=lambda claimed, batch: handed_over.put((claimed, batch)),
-                stop=stop, flags_engine=flags_engine,
+                stop=stop, flags_engine=flags_engine, with_rows=lambda: observer.wants_rows,
             )))
         except BaseException as error:  # the op's thread logs it, and fails once every worker is done
             handed_over.put((bucket, error))
 
-    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
     ended: dict[int, service.WorkerResult | BaseException] = {}
 
     def take(bucket: int, item: object) -> None:
@@ -182,11 +182,12 @@ def bucket_workers(
         while True:
             if not isinstance(item, service.DeletedBatch):
                 done[bucket] = item
-            elif item.ids:  # a worker's last, empty batch is how it learns its bucket is empty: nothing to observe
+            elif item.count:  # a worker's last, empty batch is how it learns its bucket is empty: nothing to observe
                 observer.add(
-                    {"destroyed_job_artifacts_count": len(item.ids), "size": item.size,
+                    {"destroyed_job_artifacts_count": item.count, "size": item.size,
                      "deleted_objects": item.deleted_objects},
-                    ({"mod_bucket": bucket, "artifact_id": i} for i in item.ids),
+                    # Without its ids: a batch the workers began while this observation's table was full.
+                    ({"mod_bucket": bucket, "artifact_id": i} for i in item.ids or ()),
                 )
             try:
                 bucket, item = handed_over.get_nowait()
