@@ -212,6 +212,19 @@ def linear(find: OpDefinition, act: OpDefinition) -> Callable[[], None]:
     return graph
 
 
+def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDefinition) -> Callable[[], None]:
+    """The graph of every job, the user's three ops: find candidates -> process batch -> emit metadata.
+
+    ``find`` decides the run (dry run, lease, candidates) into a plan; ``process`` does the batches and returns what
+    they did; ``report`` alone puts the run's totals, and a dry run's ``would_…``, on the run (:func:`finish`).
+    """
+
+    def graph() -> None:
+        report(process(find()))
+
+    return graph
+
+
 def batch_job(
     name: str, graph: Callable[[], None], *, description: str, cron: str, max_runtime_seconds: int,
     seed: str | None = None, lease: Lease | None = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sqlalchemy import (
@@ -407,6 +407,13 @@ def gitlab_schema(builds_table: str = ci_builds.name, job_artifacts_table: str =
         ci_job_artifacts=md.tables[job_artifacts_table],
         **{name: md.tables[name] for name in metadata.tables if name not in names},
     )
+
+
+def declared_tables(schema: GitLabSchema) -> dict[str, Table]:
+    """Each table under the name GitLab ships it with today (``p_ci_builds``, ``ci_pending_builds``, …), as this
+    database has it: what a batch's ``.sql`` file names (:mod:`~ci_cleanup.gitlab.sql_files`)."""
+    renamed = {"ci_builds": ci_builds.name, "ci_job_artifacts": ci_job_artifacts.name}
+    return {renamed.get(f.name, f.name): getattr(schema, f.name) for f in fields(schema) if f.name != "metadata"}
 
 
 PARTITIONED, FLAT = "partitioned", "flat"

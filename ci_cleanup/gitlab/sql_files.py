@@ -1,0 +1,59 @@
+"""A batch's statements as ``.sql`` files in its package, so that its rule reads as SQL.
+
+A file names GitLab's tables as GitLab does today (``p_ci_builds``, ``ci_pending_builds``, …) and takes its values
+as ``:name`` parameters, never as text. Before it is sent, each table name is replaced by the table this database
+has (the flat ``ci_builds`` of an older GitLab, a configured name), quoted as PostgreSQL needs it. Lines that are
+only a comment stay in the file for the reader and are not sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from sqlalchemy import Table, TextClause, text
+from sqlalchemy.engine import Dialect
+
+from .schema import GitLabSchema, declared_tables
+
+
+@dataclass(frozen=True)
+class SqlFile:
+    """``<package>/<name>``: one statement of a batch."""
+
+    package: str
+    name: str
+
+    @property
+    def source(self) -> str:
+        """The file as written."""
+        return _read(self.package, self.name)
+
+    def on(self, schema: GitLabSchema, dialect: Dialect) -> TextClause:
+        """The statement for this database's tables, ready for ``conn.execute(statement, parameters)``."""
+        return _statement(self, schema, dialect)
+
+    def sent(self, schema: GitLabSchema, dialect: Dialect) -> str:
+        """The SQL the driver is handed (parameters in its own style): what a test compares with what was sent."""
+        return str(self.on(schema, dialect).compile(dialect=dialect))
+
+
+@functools.cache
+def _read(package: str, name: str) -> str:
+    return resources.files(package).joinpath(name).read_text()
+
+
+@functools.lru_cache(maxsize=64)
+def _statement(sql_file: SqlFile, schema: GitLabSchema, dialect: Dialect) -> TextClause:
+    return text(render(sql_file.source, declared_tables(schema), dialect))
+
+
+def render(sql: str, tables: dict[str, Table], dialect: Dialect) -> str:
+    """``sql`` without its comment lines, each table named as ``tables`` has it (one pass: no name is replaced
+    twice)."""
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--")).strip()
+    names = {declared: dialect.identifier_preparer.format_table(table) for declared, table in tables.items()}
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+    return pattern.sub(lambda found: names[found.group(1)], body)
