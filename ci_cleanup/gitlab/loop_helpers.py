@@ -1,10 +1,11 @@
-"""GitLab's ``LoopHelpers#loop_until``: the loop limits every batch job shares, written once."""
+"""GitLab's ``LoopHelpers#loop_until``: the loop limits every batch job shares, written once, with a brake."""
 
 from __future__ import annotations
 
 import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class LoopEnd(enum.Enum):
@@ -19,18 +20,40 @@ class LoopEnd(enum.Enum):
         return self is not LoopEnd.DONE
 
 
+@dataclass(frozen=True)
+class Brake:
+    """A pause after each batch in proportion to the batch's own time, so that a job works ``duty_cycle`` of the
+    time and leaves the rest to GitLab's own traffic. GitLab's crons have none; its batched background migrations
+    pace themselves to the database the same way (their batch optimizer aims at a time per batch). A slower
+    database makes longer batches, hence longer pauses. ``duty_cycle=1``: no pause."""
+
+    duty_cycle: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.duty_cycle <= 1:
+            raise ValueError(f"duty_cycle must be in (0, 1], not {self.duty_cycle}")
+
+    def pause_after(self, batch_seconds: float) -> float:
+        return batch_seconds * (1 - self.duty_cycle) / self.duty_cycle
+
+
 def loop_until(
-    body: Callable[[], bool], *, timeout: float | None = None, limit: int = 1_000_000,
-    clock: Callable[[], float] = time.monotonic,
+    body: Callable[[], bool], *, timeout: float | None = None, limit: int = 1_000_000, brake: Brake = Brake(),
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
 ) -> LoopEnd:
-    """Call ``body`` until it returns False (done), at most ``limit`` times or until ``timeout`` seconds have passed.
+    """Call ``body`` until it returns False (done), at most ``limit`` times or until ``timeout`` seconds have passed,
+    pausing after each call as ``brake`` says.
 
     As GitLab's: the time is checked after each call, so a call is never cut short, and a slow first one still runs.
     """
     started = clock()
     for _ in range(limit):
+        began = clock()
         if not body():
             return LoopEnd.DONE
         if timeout is not None and clock() - started > timeout:
             return LoopEnd.TIMEOUT
+        pause = brake.pause_after(clock() - began)
+        if pause > 0:
+            sleep(pause)
     return LoopEnd.LIMIT
