@@ -110,7 +110,7 @@ def status_report(client: redis.Redis, where: str, schedules: Schedules) -> list
                   f"{schedules.of(handover)}"]
         if handover.partly:
             lines.append(f"  only partly replaced: {handover.partly}; keep this cron enabled ({SHARED_LEASE})")
-    lines += ["", "Switch one off once its job's schedule is on: ci-cleanup sidekiq-cron disable NAME --dry-run "
+    lines += ["", f"Switch one off: ci-cleanup sidekiq-cron disable NAME --dry-run, then turn on its job's schedule "
                   f"({DOCS})"]
     return lines
 

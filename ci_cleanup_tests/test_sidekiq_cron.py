@@ -152,7 +152,7 @@ def test_status_prints_each_replaced_cron_as_gitlabs_redis_holds_it(gitlab_redis
         "  ci_cleanup job schedule_bulk_delete_job_artifacts: its schedule schedule_bulk_delete_job_artifacts_schedule "
         "is off",
         "",
-        "Switch one off once its job's schedule is on: ci-cleanup sidekiq-cron disable NAME --dry-run "
+        "Switch one off: ci-cleanup sidekiq-cron disable NAME --dry-run, then turn on its job's schedule "
         "(docs/moving-from-gitlab-crons.md)",
     ]
     assert dump(gitlab_redis) == before
