@@ -16,7 +16,7 @@ from ci_cleanup.cron_handover import HANDOVERS
 
 from . import test_cli
 from .harness import clean_env
-from .redis_servers import Server, free_ports
+from .redis_servers import SENTINEL_SET_PASSWORD, SENTINELS_PASSWORD, Server, free_ports
 from .test_cli import BIN
 
 cli_here = test_cli.cli_here  # the fixture: a command run in this process, as test_cli runs its own
@@ -349,7 +349,8 @@ def test_no_password_of_a_redis_url_in_any_output(gitlab_redis, queues_env, cli_
         {"production": {"url": f"redis://127.0.0.1:{sidekiq_server.port}/0", "password": PASSWORD}}))
     wrong = f"redis://:Pw-wrong-8Yx1@127.0.0.1:{sidekiq_server.port}/0"
     outputs = []
-    for env in (queues_env, {"CI_CLEANUP_GITLAB_CONFIG_DIR": str(config)}):
+    default_store = {"CI_CLEANUP_REDIS_URL": queues_env["CI_CLEANUP_REDIS_QUEUES_URL"]}  # queues falls back to it
+    for env in (queues_env, {"CI_CLEANUP_GITLAB_CONFIG_DIR": str(config)}, default_store):
         for args in (("status",), ("disable", "stuck_export_jobs_worker", "--dry-run"),
                      ("disable", "stuck_export_jobs_worker"), ("enable", "stuck_export_jobs_worker"),
                      ("disable", "stuck_ci_jobs_worker")):
@@ -357,6 +358,7 @@ def test_no_password_of_a_redis_url_in_any_output(gitlab_redis, queues_env, cli_
             assert result.returncode == (1 if "stuck_ci_jobs_worker" in args else 0), result
             outputs.append(result.stdout + result.stderr)
     assert f"Sidekiq's Redis ({config / 'redis.queues.yml'} production) at redis://***@127.0.0.1:" in outputs[5]
+    assert f"in Redis (CI_CLEANUP_REDIS_URL) at redis://***@127.0.0.1:{sidekiq_server.port}/0" in outputs[10]
     refused = cli_here("sidekiq-cron", "status", data_dir=tmp_path, CI_CLEANUP_REDIS_QUEUES_URL=wrong)
     assert one_line(refused).startswith("ci-cleanup sidekiq-cron: Cannot reach Sidekiq's Redis "
                                         f"(CI_CLEANUP_REDIS_QUEUES_URL) at redis://***@127.0.0.1:{sidekiq_server.port}/0")
@@ -367,3 +369,30 @@ def test_no_password_of_a_redis_url_in_any_output(gitlab_redis, queues_env, cli_
         assert PASSWORD not in output and "Pw-wrong-8Yx1" not in output, output
     assert "stuck_export_jobs_worker" in installed.stdout
 
+
+
+def test_a_cron_switched_off_and_on_through_a_sentinel_set(sentinel_set, cli_here, tmp_path):
+    """GitLab's Sidekiq Redis behind Sentinel (the store's _URL with the master's name, _SENTINELS): the primary
+    changes as on one server, and neither password is printed."""
+    primary = sentinel_set.direct()
+    try:
+        primary.flushall()
+        save_gitlabs(primary)
+        before = dump(primary)
+        env = sentinel_set.env("CI_CLEANUP_REDIS_QUEUES")
+
+        results = [cli_here("sidekiq-cron", *args, data_dir=tmp_path, **env)
+                   for args in (("disable", "ci_runners_stale_machines_cleanup_worker"), ("status",))]
+
+        assert [r.returncode for r in results] == [0, 0], results
+        key = b"cron_job:ci_runners_stale_machines_cleanup_worker"
+        kind, fields, expires = before[key]
+        assert dump(primary) == {**before, key: (kind, {**fields, b"status": b"disabled"}, expires)}
+        assert "  cron 36 * * * *; disabled; last enqueued" in results[1].stdout
+        assert "(CI_CLEANUP_REDIS_QUEUES_URL, Sentinel) at master gitlab-redis db 0 via sentinels" in results[1].stdout
+        for result in results:
+            assert SENTINEL_SET_PASSWORD not in result.stdout + result.stderr
+            assert SENTINELS_PASSWORD not in result.stdout + result.stderr
+        primary.flushall()
+    finally:
+        primary.close()
