@@ -30,9 +30,11 @@ from sqlalchemy import create_engine, exists, inspect, select, table, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from . import cron_handover
 from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
+from .gitlab.redis_stores import config_dir_from, resolve
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
 from .resources import (
     GitLabRedis,
@@ -420,6 +422,27 @@ def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
         sys.exit(1)
 
 
+def cmd_sidekiq_cron(args, env, embedded: EmbeddedStack | None) -> None:
+    """GitLab's cron entries in GitLab's Sidekiq Redis (the queues store, as a run resolves it): never the embedded
+    stack, never GitLab's database."""
+    try:
+        config = resolve(cron_handover.sidekiq_cron.STORE, os.environ, config_dir_from(os.environ))
+    except ValueError as e:  # StoreConfigError: names the variable or the file and key, never a value
+        raise CliError(str(e), f"Set CI_CLEANUP_REDIS_QUEUES_URL to GitLab's Sidekiq Redis, or {CONFIG_DIR} to "
+                               "GitLab's config folder") from None
+    client = store_client(config)
+    try:
+        if args.action == "status":
+            lines = cron_handover.status_report(client, config.where, cron_handover.dagster_schedules())
+        else:
+            lines = cron_handover.change(client, args.name, args.action, where=config.where, dry_run=args.dry_run)
+    except cron_handover.Refused as e:
+        raise CliError(str(e), e.hint) from None
+    finally:
+        close_client(client)
+    print("\n".join(lines))
+
+
 def require_free_port(port: int) -> None:
     """The UI's port: Dagster would log the bind error among its start-up lines and keep running without a UI."""
     with socket.socket() as probe:
@@ -579,14 +602,26 @@ def parser() -> argparse.ArgumentParser:
         help=f"GitLab's main and ci databases, each with GitLab's lock-writes triggers on the other's tables "
              f"(the embedded stack's gitlab and gitlab_ci, else {DATABASE} and {CI_DATABASE})",
     )
+    add_sidekiq_cron(sub)
     return parser
+
+
+def add_sidekiq_cron(sub) -> None:
+    crons = sub.add_parser("sidekiq-cron", help="GitLab's Sidekiq crons that ci_cleanup replaces: see them, switch "
+                                                "one off or on (docs/moving-from-gitlab-crons.md)")
+    actions = crons.add_subparsers(dest="action", required=True)
+    actions.add_parser("status", help="each cron as GitLab's Sidekiq Redis holds it, and its ci_cleanup job")
+    for action, what in (("disable", "switch it off (sidekiq-cron's disable!)"), ("enable", "switch it on again")):
+        one = actions.add_parser(action, help=f"{what}: its status field only")
+        one.add_argument("name", metavar="NAME", help="the cron's name, as status prints it")
+        one.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     command = {
         "dev": cmd_dev, "demo": cmd_demo, "run": cmd_run, "seed": cmd_seed, "schema": cmd_schema_create,
-        "bench": cmd_bench,
+        "bench": cmd_bench, "sidekiq-cron": cmd_sidekiq_cron,
     }[args.command]
     # Ctrl-C and TERM stop the servers, also when started in the background with SIGINT ignored
     # (an ignored SIGINT would be inherited by `dagster dev`, which could then not be stopped).
@@ -595,8 +630,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "dev":
             require_free_port(args.port)  # before any server starts
-        with environment(args.command, args.data_dir) as (env, embedded):
-            command(args, env, embedded)
+        if args.command == "sidekiq-cron":  # GitLab's own Redis, found as a run finds it: no stack to start
+            command(args, {}, None)
+        else:
+            with environment(args.command, args.data_dir) as (env, embedded):
+                command(args, env, embedded)
     except (CliError, ServiceUnavailable, SchemaMismatch) as error:
         if args.debug:
             raise
