@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml dagster_cli.pth $(if $(VENV_OK),,FORCE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# setuptools' editable-install banner (a UserWarning) says nothing to act on here.
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install -q -e '.[test]'
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install -q -e '.[test,embedded]'
 	cp dagster_cli.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 

@@ -479,13 +479,14 @@ def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
         if not home:  # beside the stack's data: --data-dir names every folder this command makes
             home = Path(args.data_dir) / "dagster_home"
             home.mkdir(parents=True, exist_ok=True)
-        env = {**env, "DAGSTER_HOME": str(home)}
+        env = {**env, "DAGSTER_HOME": str(Path(home).resolve())}  # dg dev runs there
     env = dagster_pg_url(env)
     ui = f"http://127.0.0.1:{args.port}"
-    # dg dev, Dagster's current command (`dagster dev` warns that it is superseded by it), on this code location.
+    # dg dev, Dagster's current command (`dagster dev` warns that it is superseded by it), on this code location; run
+    # in DAGSTER_HOME, where it would not warn that it ignores the repo root's dagster.yaml.
     process = subprocess.Popen(
         [Path(sys.executable).with_name("dg"), "dev", "-m", "ci_cleanup", "-h", "127.0.0.1", "-p", str(args.port)],
-        env={**os.environ, **env}, start_new_session=True,
+        env={**os.environ, **env}, start_new_session=True, cwd=env["DAGSTER_HOME"],
     )
     print(f"Dagster UI on {ui} (Ctrl-C stops everything)", flush=True)
     interrupted = False

@@ -36,8 +36,8 @@ from .gitlab.schema import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The production instance config; not at the repo root, where Dagster's own commands would read it (README).
-DAGSTER_YAML = REPO_ROOT / "dagster_home" / "dagster.yaml"
+# The production instance config (PostgreSQL storage); the repo root's dagster.yaml is it without storage.
+DAGSTER_YAML = REPO_ROOT / "deploy" / "dagster.yaml"
 DEFAULT_DIR = Path(os.environ.get("CI_CLEANUP_DEV_DIR", REPO_ROOT / ".ci_cleanup_dev"))
 GITLAB_DB, DAGSTER_DB = "gitlab", "dagster"
 GITLAB_CI_DB = "gitlab_ci"  # GitLab's ci database, when the stack is laid out decomposed (create_decomposed)

@@ -247,7 +247,7 @@ def test_postgres_cpu_clock_never_runs_back_while_backends_come_and_go(scratch_d
 
 
 def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client, stack, tmp_path, monkeypatch):
-    """``dagster job execute`` on the repo's dagster.yaml (PostgreSQL instance), two rounds against the floor."""
+    """``dagster job execute`` on deploy/dagster.yaml (PostgreSQL instance), two rounds against the floor."""
     # Two idle and two bare launches, not the bench's seven: each is a Dagster process of a few CPU-seconds, and
     # the count the figures take their median of is the bench's setting, not what this test checks.
     monkeypatch.setattr(launched, "IDLE_RUNS", 2)

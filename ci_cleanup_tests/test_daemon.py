@@ -1,4 +1,4 @@
-"""dagster-daemon, on the repo's dagster.yaml (PostgreSQL storage, run queue), launches a scheduled run;
+"""dagster-daemon, on deploy/dagster.yaml (PostgreSQL storage, run queue), launches a scheduled run;
 a run killed with its whole host (daemon, code server, run worker) is failed, alerted, and blocks nothing."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def wait_for(what: str, check, timeout: float, log: Path):
 def test_a_run_killed_with_its_whole_host_is_failed_and_alerted_and_the_jobs_next_run_is_not_blocked(
     stack, engine, redis_client, tmp_path, monkeypatch, webhook  # noqa: F811
 ):
-    """The repo's dagster.yaml (one run per job at a time) with the daemon: SIGKILL the daemon, its code server
+    """deploy/dagster.yaml (one run per job at a time) with the daemon: SIGKILL the daemon, its code server
     and the run's worker together, mid-batch; restart the daemon. The dead run is failed (dead_run_worker_check),
     run_failed_alert posts it, and the run queued behind it runs."""
     machines = [

@@ -61,7 +61,7 @@ def dagster_db(stack):
 
 @pytest.fixture
 def instance(stack, dagster_db, tmp_path, monkeypatch):
-    """The repo's dagster.yaml on the stack's ``dagster`` database, emptied before and after the test."""
+    """deploy/dagster.yaml on the stack's ``dagster`` database, emptied before and after the test."""
     shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     monkeypatch.setenv("CI_CLEANUP_DAGSTER_PG_URL", stack.url("dagster"))
     with DagsterInstance.from_config(str(tmp_path)) as instance:

@@ -7,7 +7,7 @@ round then runs three contenders, each from the same reset state (the candidates
 templates with triggers off, ``session_replication_role = replica``, so ids and side tables are exactly
 as before), in an order that changes from round to round (:func:`round_order`):
 
-- ``job``: ``dagster job execute -m ci_cleanup -j JOB`` in a subprocess, on the repo's ``dagster.yaml``
+- ``job``: ``dagster job execute -m ci_cleanup -j JOB`` in a subprocess, on ``deploy/dagster.yaml``
   (PostgreSQL storage, the job's own executor), timed from launch to the run's ``RUN_SUCCESS``
   (start-up included); the run record's own start -> end beside it;
 - ``floor``: the raw psycopg2 loop;
@@ -552,7 +552,7 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
     """Each job's rounds (:func:`bench_job`); ``deployed``: with the "deployed" contender too, where PgBouncer is."""
     missing = [v for v in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if not env.get(v) and not os.environ.get(v)]
     if missing:
-        raise SystemExit(f"The launched-job benchmark needs {' and '.join(missing)} (a folder with this repo's "
+        raise SystemExit(f"The launched-job benchmark needs {' and '.join(missing)} (a folder with this repo's deploy/"
                          "dagster.yaml and its PostgreSQL database), as operators run the jobs")
     # ci_cleanup's bytecode, as an installed package has it: where PYTHONDONTWRITEBYTECODE is set (or the folder is
     # read-only), every launch would otherwise compile the package anew, a cost no deployment pays.

@@ -382,7 +382,7 @@ run, not in a checkpoint that falls inside some runs), in an order that changes 
 every other cycle: each contender takes every place in turn); every run must leave the tables exactly as the first one
 did (digest of the changed tables, asserted), and no idle run may change anything.
 
-- "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on the repo's `dagster.yaml` (PostgreSQL
+- "job": `dagster job execute -m ci_cleanup -j JOB` in a subprocess on `deploy/dagster.yaml` (PostgreSQL
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
   run's own start → end.
 - "floor": plain psycopg2, one database round trip per batch (stuck_export_jobs: one more to Redis per chunk), the
