@@ -53,7 +53,7 @@ class Batch:
 
 
 BATCHES = (
-    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "drop_outdated_builds",
+    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
           drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_job.LEASE, drop_demo.seed),
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
           "delete_stale_runner_machines", stale_job.ASSET,

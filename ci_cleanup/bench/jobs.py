@@ -77,7 +77,8 @@ def _drop_params():
 
 def drop_job(engine, client, on_batch):
     result = drop_canceling.drop_canceling_builds(
-        engine, S, cutoff=utc_now() - drop_canceling.TIMEOUT, on_batch=lambda batch: on_batch()
+        engine, S, drop_canceling.Limits(utc_now() - drop_canceling.TIMEOUT),
+        drop_canceling.Hooks(on_batch=lambda batch: on_batch()),
     )
     return result.dropped
 
