@@ -186,7 +186,7 @@ def test_the_statement_timeout_holds_in_every_transaction_the_jobs_open(deployed
 _HELD = {
     "stale_runner_machines_cleanup": (
         lambda dbs: create(dbs, "ci_runner_machines", created_at=ago(days=8)), "ci_runner_machines",
-        "LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE", "WITH deleted AS (DELETE FROM ci_runner_machines"),
+        "LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE", "DELETE FROM ci_runner_machines WHERE id = ANY("),
     "drop_canceling_builds": (
         lambda dbs: create(dbs, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2)),
         "ci_builds", "SELECT id FROM p_ci_builds FOR UPDATE",

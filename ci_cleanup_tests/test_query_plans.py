@@ -52,7 +52,7 @@ def first_ids(engine, query, n=100):
 
 def statements(engine):
     """(name, statement) for every job, built by the services' own functions."""
-    m, j, e = S.ci_runner_machines, S.project_export_jobs, S.environments
+    j, e = S.project_export_jobs, S.environments
     with engine.connect() as conn:
         builds = drop_canceling.find_batch(conn, S, CUTOFF, 100)
     exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
@@ -69,9 +69,10 @@ def statements(engine):
         drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3])
     yield "drop_canceling_builds drop these builds", drop_sql(
         drop_canceling.THESE_BUILDS, now=naive_now, ids=builds[3:], failure_reason=3)
-    yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(
-        stale_machines.stale(S, DEADLINE))
-    yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
+    yield "stale_runner_machines_cleanup count", stale_machines.COUNT.on(S, engine.dialect).bindparams(
+        deadline=DEADLINE, limit=None)
+    yield "stale_runner_machines_cleanup delete", stale_machines.SUB_BATCH.on(S, engine.dialect).bindparams(
+        deadline=DEADLINE, limit=100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
     completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
