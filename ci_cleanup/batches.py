@@ -53,10 +53,10 @@ class Batch:
 
 
 BATCHES = (
-    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "drop_outdated_builds",
+    Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
           drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_job.LEASE, drop_demo.seed),
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
-          "delete_stale_runner_machines", stale_job.ASSET,
+          "report_deleted_runner_machines", stale_job.ASSET,
           "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
     Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "stop_environments",
           stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,

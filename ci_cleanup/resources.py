@@ -163,7 +163,8 @@ class GitLabDatabase(ConfigurableResource):
     )
     builds_table: str | None = Field(
         default=None,
-        description="Builds table; unset: p_ci_builds if it exists (every partition), else the flat ci_builds",
+        description="Builds table, its name as it is (schema.name for one in another schema); unset: p_ci_builds "
+        "if it exists (every partition), else the flat ci_builds",
     )
     job_artifacts_table: str | None = Field(
         default=None,
@@ -319,8 +320,8 @@ class GitLabDatabase(ConfigurableResource):
                     raise WrongDatabase(self._locked_message(database, locked))
                 require_columns(conn, own)
         return {
-            "gitlab_tables": [t.name for t in tables],
-            "gitlab_databases": {t.name: self._database(t) for t in tables},
+            "gitlab_tables": [t.fullname for t in tables],
+            "gitlab_databases": {t.fullname: self._database(t) for t in tables},
         }
 
     def _locked_message(self, database: str, locked: list[str]) -> str:

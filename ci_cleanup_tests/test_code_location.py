@@ -231,7 +231,7 @@ def test_a_run_is_re_executed_whole_never_from_a_later_step(stack, engine, redis
         seed(engine, redis_client)
         with engine.connect() as conn:
             before = conn.scalar(text(WORK["drop_canceling_builds"]))
-        later = ReexecutionOptions(parent.run_id, step_selection=["drop_outdated_builds"])
+        later = ReexecutionOptions(parent.run_id, step_selection=["drop_canceling_builds_in_batches"])
         refused = execute_job(job, instance, reexecution_options=later, raise_on_error=False)
         assert not refused.success
         assert "Cannot perform reexecution with in-memory io managers" in str(refused.get_run_failure_event())

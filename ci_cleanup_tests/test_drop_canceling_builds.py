@@ -11,8 +11,10 @@ from sqlalchemy import text, update
 
 from ci_cleanup.drop_canceling_builds import service
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY, drop_canceling_builds, drop_canceling_builds_schedule
+from ci_cleanup.gitlab.batching import autocommit
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
-from ci_cleanup.gitlab.schema import int_array, utc_now
+from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.resources import GitLabDatabase, job_resources
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import (
@@ -26,7 +28,7 @@ from .factories import (
     updates_refused,
     updates_skipped,
 )
-from .harness import gitlab_database, on
+from .harness import gitlab_database, on, statements_sent
 from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -59,7 +61,7 @@ def test_outdated_canceling_build_is_dropped(stack, engine, redis_client):
 
     assert_dropped(engine, build_id)
     assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
-    report = op_metadata(result, "drop_outdated_builds")
+    report = op_metadata(result, "report_dropped_builds")
     assert (report["status"], report["rows_changed"], report["dropped_count"], report["batches"]) == (
         "success", 1, 1, 1)
     assert redis_client.exists(LEASE) == 0
@@ -118,7 +120,7 @@ def test_more_than_one_batch_is_all_dropped_in_one_run(stack, engine, redis_clie
     assert ids(engine, "ci_builds", S.ci_builds.c.status != "failed") == []
     assert ids(engine, "ci_builds", S.ci_builds.c.failure_reason == 3, S.ci_builds.c.lock_version == 1) == list(
         range(1, 251))
-    report = op_metadata(result, "drop_outdated_builds")
+    report = op_metadata(result, "report_dropped_builds")
     assert (report["dropped_count"], report["batches"]) == (250, 3)
     assert observed_per_batch(result, "dropped") == [100, 100, 50]
 
@@ -163,17 +165,30 @@ def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_sta
         SELECT id, project_id, runner_id, 1, partition_id FROM ci_builds""")
     with ci.begin() as conn:
         conn.execute(S.ci_builds.insert(), queued + stuck)
-    statement, fixed = service.compiled_drop_statement(S, ci.dialect)
-    params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "limit": 100, "exclude": "{}"}
+    limits = service.Limits(utc_now() - service.TIMEOUT)
+    params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "batch_size": 100, "passed_over": []}
     with statistics_say_empty(ci, enqueue, *queues):
-        (count, dropped_ids, _, picked_ids), read = rows_read(
-            ci, lambda conn: conn.exec_driver_sql(statement, {**fixed, **params}).one(), *queues)
-    # Of each queue, the batch's 100 rows, each read twice: looked up by its build, then deleted by its id.
-    assert (count, sorted(int_array(dropped_ids)), sorted(int_array(picked_ids)), read) == (
-        100, list(range(2001, 2101)), list(range(2001, 2101)), {"ci_pending_builds": 200, "ci_running_builds": 200})
+        with ci.connect() as conn:
+            [plan] = conn.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) " + service.NEXT_BATCH.sent(S, ci.dialect), params).scalar()
+        batch, read = rows_read(ci, lambda conn: service.drop_next_batch(conn, S, limits, utc_now()), *queues)
+    # Of each queue, the batch's 100 rows, each read twice: found in GitLab's build_id index, then deleted by its id.
+    assert (sorted(b.id for b in batch.dropped), batch.changed_concurrently, read) == (
+        list(range(2001, 2101)), [], {"ci_pending_builds": 200, "ci_running_builds": 200})
+    assert {(n["Relation Name"], n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan["Plan"])
+            if n.get("Relation Name") in queues} == {
+        (queue, node, index) for queue in queues
+        for node, index in (("ModifyTable", None), ("Index Scan", f"index_{queue}_on_build_id"),
+                            ("Index Scan", f"{queue}_pkey"))}
     with ci.connect() as conn:
         assert [conn.scalar(text(f"SELECT array_agg(build_id ORDER BY build_id) FROM {queue}")) for queue in queues] \
             == [list(range(1, 2001))] * 2
+
+
+def plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
 
 
 def test_batches_follow_the_seeds_order(stack, engine, redis_client):
@@ -182,8 +197,8 @@ def test_batches_follow_the_seeds_order(stack, engine, redis_client):
     early_project_2 = create(engine, "ci_builds", project_id=2, created_at=same_moment, updated_at=naive_ago(hours=2))
     early_project_1 = create(engine, "ci_builds", project_id=1, created_at=same_moment, updated_at=naive_ago(hours=2))
     with on(engine, "ci_builds").connect() as conn:
-        batch = service.find_batch(conn, S, utc_now() - service.TIMEOUT, 100, set())
-    assert [b.id for b in batch] == [early_project_1, early_project_2, late]
+        batch = service.find_batch(conn, S, utc_now() - service.TIMEOUT, 100)
+    assert batch == [early_project_1, early_project_2, late]
 
 
 def test_lease_held_elsewhere_changes_nothing(stack, engine, redis_client):
@@ -197,7 +212,7 @@ def test_lease_held_elsewhere_changes_nothing(stack, engine, redis_client):
     assert_untouched(engine, build_id, before)
     assert redis_client.get(LEASE) == b"someone-else"
     assert 1190 <= redis_client.ttl(LEASE) <= 1200
-    assert op_metadata(result, "drop_outdated_builds")["status"] == "skipped: lease held"
+    assert op_metadata(result, "report_dropped_builds")["status"] == "skipped: lease held"
 
 
 def test_lease_is_released_when_the_run_fails(stack, engine, redis_client, monkeypatch):
@@ -223,7 +238,7 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
     retried = outdated(engine)
     cutoff = utc_now() - service.TIMEOUT
     with on(engine, "ci_builds").connect() as conn:
-        read = service.find_batch(conn, S, cutoff, 100, set())
+        read = service.find_batch(conn, S, cutoff, 100)
     with on(engine, "ci_builds").begin() as conn:  # another process, after we read the batch
         b = S.ci_builds.c
         conn.execute(
@@ -233,32 +248,14 @@ def test_build_changed_by_someone_else_mid_run_is_not_overwritten(stack, engine)
         conn.execute(update(S.ci_builds).where(b.id == retried).values(runner_id=99, lock_version=b.lock_version + 1))
     canceled_row, touched_row = row(engine, "ci_builds", canceled), row(engine, "ci_builds", touched)
 
-    outcome = service.drop_builds(on(engine, "ci_builds"), S, read, cutoff, utc_now())
+    with autocommit(on(engine, "ci_builds")) as conn:
+        outcome = service.drop_builds(conn, S, read, cutoff, utc_now())
 
     assert_untouched(engine, canceled, canceled_row)
     assert_untouched(engine, touched, touched_row)
     assert_dropped(engine, retried, lock_version=2)  # still outdated and canceling: retried, as GitLab does
     assert sorted(outcome.changed_concurrently) == [canceled, touched]
     assert [(b.id, b.runner_id, b.status) for b in outcome.dropped] == [(retried, 99, "canceling")]  # as read back
-
-
-def test_a_batch_sent_on_its_own_cursor_needs_autocommit_or_a_transaction_begun(stack, engine):
-    """The batch statement skips SQLAlchemy's execution (``one_row``): on a connection neither autocommit nor in a
-    transaction begun on it, psycopg2 would open one SQLAlchemy does not know of and the pool would roll the batch back
-    when the connection is returned; it is refused there, nothing sent. In a transaction begun, it commits with it."""
-    build = outdated(engine)
-    before = row(engine, "ci_builds", build)
-    params = {"cutoff": service.naive_utc(utc_now() - service.TIMEOUT), "now": service.naive_utc(utc_now()),
-              "limit": 100}
-    with on(engine, "ci_builds").connect() as conn:
-        with pytest.raises(RuntimeError, match="one_row needs an autocommit connection or a transaction begun on it"):
-            service._drop(conn, S, params, excluding=False)
-        assert not conn.in_transaction()
-    assert_untouched(engine, build, before)
-    with on(engine, "ci_builds").connect() as conn, conn.begin():
-        dropped, left = service._drop(conn, S, params, excluding=False)
-    assert [(b.id, b.status) for b in dropped] == [(build, "canceling")] and left == []
-    assert_dropped(engine, build)
 
 
 def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_picked_again(stack, engine):
@@ -271,7 +268,8 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
     before = row(engine, "ci_builds", skipped)
     batches = []
     with updates_skipped(engine, "p_ci_builds", f"NEW.id = {skipped}"):
-        result = service.drop_canceling_builds(ci, S, cutoff=utc_now() - service.TIMEOUT, on_batch=batches.append)
+        result = service.drop_canceling_builds(ci, S, service.Limits(utc_now() - service.TIMEOUT),
+                                               service.Hooks(on_batch=batches.append))
 
     assert row(engine, "ci_builds", skipped) == before
     assert_dropped(engine, dropped)
@@ -281,26 +279,43 @@ def test_build_its_update_passes_over_is_reported_changed_concurrently_and_not_p
     assert (result.batches, result.dropped, result.changed_concurrently) == (1, 2, 1)
 
 
-def test_a_batch_without_its_rows_counts_exactly_and_still_leaves_the_build_its_update_passed_over(stack, engine):
-    """``with_rows`` says no before each batch: its statement returns no ordered arrays; its outcome counts the builds
-    dropped, has no rows to read (an error, not an empty list), and the build its UPDATE passed over is still reported
-    and not picked again."""
+def test_build_passed_over_is_not_picked_again_by_the_runs_later_batches(stack, engine):
     skipped = outdated(engine, runner_id=7)
     dropped = [outdated(engine, runner_id=8) for _ in range(3)]
     before = row(engine, "ci_builds", skipped)
-    batches, asked = [], []
+    batches = []
     with updates_skipped(engine, "p_ci_builds", f"NEW.id = {skipped}"):
         result = service.drop_canceling_builds(
-            on(engine, "ci_builds"), S, cutoff=utc_now() - service.TIMEOUT, batch_size=2, on_batch=batches.append,
-            with_rows=lambda: asked.append(True) or False)
+            on(engine, "ci_builds"), S, service.Limits(utc_now() - service.TIMEOUT, batch_size=2),
+            service.Hooks(on_batch=batches.append))
 
     assert row(engine, "ci_builds", skipped) == before
     for build in dropped:
         assert_dropped(engine, build)
-    assert [(len(b.dropped), b.changed_concurrently) for b in batches] == [(1, [skipped]), (2, [])]
-    assert (result.batches, result.dropped, result.changed_concurrently, len(asked)) == (2, 3, 1, 3)
-    with pytest.raises(LookupError, match="without its rows"):
-        list(batches[0].dropped)
+    assert [([d.id for d in b.dropped], b.changed_concurrently) for b in batches] == [
+        ([dropped[0]], [skipped]), (dropped[1:], [])]
+    assert (result.batches, result.dropped, result.changed_concurrently) == (2, 3, 1)
+
+
+def test_the_batch_statements_sent_are_the_packages_sql_files(stack, engine):
+    """The rule a reviewer reads in the .sql files is what runs: the next batch, and after it failed on a bad row,
+    its builds found and dropped one by one, the bad one doomed."""
+    bad, good = outdated(engine), outdated(engine)
+    ci = on(engine, "ci_builds")
+    files = {f.sent(S, ci.dialect): f.name
+             for f in (service.NEXT_BATCH, service.THESE_BUILDS, service.CANDIDATES, service.COUNT)}
+    with updates_refused(engine, "p_ci_builds", f"NEW.id = {bad} AND NEW.failure_reason = 3"):
+        with statements_sent(ci) as sent:
+            result = service.drop_canceling_builds(ci, S, service.Limits(utc_now() - service.TIMEOUT))
+
+    assert [files.get(sql, sql) for _, sql, _ in sent] == [
+        "drop_canceling_builds.sql", "find_canceling_builds.sql", "drop_builds.sql", "drop_builds.sql",
+        "drop_builds.sql", "drop_canceling_builds.sql"]
+    assert [parameters.get("failure_reason") for _, sql, parameters in sent if files.get(sql) == "drop_builds.sql"] \
+        == [3, 12, 3]  # the bad build (first in the batch's order) dropped, then doomed; then the good one
+    assert (result.dropped, result.doomed) == (1, 1)
+    assert_dropped(engine, good)
+    assert row(engine, "ci_builds", bad).failure_reason == 12
 
 
 def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
@@ -317,7 +332,7 @@ def test_build_that_cannot_be_dropped_is_doomed(stack, engine, redis_client):
     assert doomed.finished_at is not None
     assert ids(engine, "ci_running_builds") == [] and ids(engine, "ci_pending_builds") == []
     assert_dropped(engine, good)
-    report = op_metadata(result, "drop_outdated_builds")
+    report = op_metadata(result, "report_dropped_builds")
     assert (report["dropped_count"], report["doomed_count"], report["rows_changed"]) == (1, 1, 2)
     assert report["errors"] == [f"build {bad}: row is broken"]
 
@@ -335,14 +350,14 @@ def test_created_at_in_bc_at_minus_infinity_or_in_year_1_is_dropped_or_reported_
     dry = run_job(drop_canceling_builds, stack, dry_run=True)
 
     in_created_at_order = [odd["-infinity"], odd["0044-03-15 12:00:00 BC"], odd["0001-01-01 00:00:00"], refused]
-    assert op_metadata(dry, "drop_outdated_builds")["would_drop_ids"] == in_created_at_order
+    assert op_metadata(dry, "report_dropped_builds")["would_drop_ids"] == in_created_at_order
     with updates_refused(engine, "p_ci_builds", f"NEW.id = {refused} AND NEW.failure_reason = 3"):
         result = run_job(drop_canceling_builds, stack)
 
     with on(engine, "ci_builds").connect() as conn:
         assert conn.execute(text("SELECT id, status, failure_reason FROM p_ci_builds ORDER BY id")).all() == [
             *[(build_id, "failed", 3) for build_id in odd.values()], (refused, "failed", 12)]
-    report = op_metadata(result, "drop_outdated_builds")
+    report = op_metadata(result, "report_dropped_builds")
     assert (report["dropped_count"], report["doomed_count"], report["rows_with_errors"]) == (3, 1, 1)
     assert report["errors"] == [f"build {refused}: row is broken"]
 
@@ -407,9 +422,9 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
     result = run_job(drop_canceling_builds, stack, dry_run=True, instance=instance)
 
     assert [row(engine, "ci_builds", b) for b in build_ids] == before
-    drop = op_metadata(result, "drop_outdated_builds")
+    drop = op_metadata(result, "report_dropped_builds")
     assert (drop["would_drop_count"], drop["would_drop_ids"]) == (3, build_ids)
-    assert op_metadata(result, "drop_outdated_builds")["rows_changed"] == 0
+    assert op_metadata(result, "report_dropped_builds")["rows_changed"] == 0
     assert redis_client.keys("*") == []
     assert instance.get_run_by_id(result.run_id).tags[DRY_RUN_TAG] == "true"
 
@@ -418,3 +433,81 @@ def test_schedule_runs_at_45_past_every_hour_utc():
     assert drop_canceling_builds_schedule.cron_schedule == "45 * * * *"
     assert drop_canceling_builds_schedule.execution_timezone == "UTC"
     assert drop_canceling_builds_schedule.job_name == "drop_canceling_builds"
+
+
+def run_on_builds_table(job, stack, builds_table: str, database_url: str | None = None, **kwargs):
+    """The job with ``builds_table`` configured (GitLabDatabase's field), on the stack or on ``database_url``."""
+    resources = job_resources(database_url or stack.url(), stack.redis_url)
+    resources["gitlab_db"] = GitLabDatabase(
+        url=database_url or stack.url(), ci_url=None if database_url else stack.ci_url(), builds_table=builds_table)
+    return job.execute_in_process(resources=resources, instance=DagsterInstance.ephemeral(), **kwargs)
+
+
+def queue_rows(engine, build_id: int) -> dict[str, list[int]]:
+    with on(engine, "ci_builds").connect() as conn:
+        return {queue: list(conn.scalars(text(f"SELECT partition_id FROM {queue} WHERE build_id = :b ORDER BY id"),
+                                         {"b": build_id}))
+                for queue in ("ci_pending_builds", "ci_running_builds")}
+
+
+def test_every_queue_row_of_a_dropped_or_doomed_build_goes_whatever_partition_it_claims(stack, engine, redis_client):
+    """GitLab removes a build's queue rows by ``build_id`` alone (``Ci::Build#all_queuing_entries``): a row that
+    claims another partition than its build's goes too; another build's rows stay."""
+    dropped, doomed, kept = outdated(engine, partition_id=100), outdated(engine, partition_id=101), create(
+        engine, "ci_builds", status="running", partition_id=100)
+    for build, partitions in ((dropped, (101, 102)), (doomed, (100, 102)), (kept, (101, 102))):
+        create(engine, "ci_pending_builds", build_id=build, partition_id=partitions[0])
+        create(engine, "ci_running_builds", build_id=build, partition_id=partitions[1])
+    with updates_refused(engine, "p_ci_builds", f"NEW.id = {doomed} AND NEW.failure_reason = 3"):
+        result = run_job(drop_canceling_builds, stack)
+
+    assert [row(engine, "ci_builds", b).failure_reason for b in (dropped, doomed)] == [3, 12]
+    assert [queue_rows(engine, b) for b in (dropped, doomed, kept)] == [
+        {"ci_pending_builds": [], "ci_running_builds": []}, {"ci_pending_builds": [], "ci_running_builds": []},
+        {"ci_pending_builds": [101], "ci_running_builds": [102]}]
+    assert op_metadata(result, "report_dropped_builds")["rows_changed"] == 2
+
+
+def test_every_queue_row_of_a_dropped_build_goes_without_gitlabs_unique_indexes(stack, scratch_database, redis_client):
+    """Without GitLab's unique indexes on the queues' ``build_id`` a build may have several rows in each: all go."""
+    scratch = gitlab_database(scratch_database, *(
+        f"DROP INDEX index_{queue}_on_{key}" for queue in ("ci_pending_builds", "ci_running_builds")
+        for key in ("build_id", "partition_id_build_id")))
+    build, other = outdated(scratch, partition_id=100), outdated(scratch, status="running", partition_id=100)
+    for queued in (build, build, build, other):
+        create(scratch, "ci_pending_builds", build_id=queued)
+    for queued in (build, build, other):
+        create(scratch, "ci_running_builds", build_id=queued)
+
+    run_job(drop_canceling_builds, stack, database_url=scratch_database)
+
+    assert row(scratch, "ci_builds", build).status == "failed"
+    assert [queue_rows(scratch, b) for b in (build, other)] == [
+        {"ci_pending_builds": [], "ci_running_builds": []},
+        {"ci_pending_builds": [100], "ci_running_builds": [100]}]
+    scratch.dispose()
+
+
+@pytest.mark.parametrize("name", ["builds 'quoted'", "Builds;Drop", "BUILDS_É", 'builds "x"'])
+def test_a_configured_builds_table_whose_name_needs_quoting_is_used(stack, scratch_database, redis_client, name):
+    quoted = '"' + name.replace('"', '""') + '"'
+    scratch = gitlab_database(scratch_database, f"ALTER TABLE ci_builds RENAME TO {quoted}")
+    build = outdated(scratch, partition_id=100)
+
+    result = run_on_builds_table(drop_canceling_builds, stack, name, database_url=scratch_database)
+
+    assert row(scratch, "ci_builds", build).status == "failed"
+    assert op_metadata(result, "find_canceling_builds")["gitlab_tables"][0] == name
+    scratch.dispose()
+
+
+def test_a_schema_qualified_builds_table_is_used(stack, engine, redis_client):
+    """``gitlab_partitions_dynamic.ci_builds_101``: that partition's builds only, as a Table in that schema."""
+    in_101, in_100 = outdated(engine, partition_id=101), outdated(engine, partition_id=100)
+    before = row(engine, "ci_builds", in_100)
+
+    result = run_on_builds_table(drop_canceling_builds, stack, "gitlab_partitions_dynamic.ci_builds_101")
+
+    assert row(engine, "ci_builds", in_101).status == "failed"
+    assert_untouched(engine, in_100, before)
+    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 1

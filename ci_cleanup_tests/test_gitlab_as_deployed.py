@@ -181,15 +181,16 @@ def test_the_statement_timeout_holds_in_every_transaction_the_jobs_open(deployed
     assert row(dbs, *seeded["stale_runner_machines_cleanup"]) is None
 
 
-# What each job's statement meets, held by another session: stale's table locked (its DELETE, through SQLAlchemy), or
-# drop's build's row (its batch statement, sent on the connection's own cursor by one_row); and how it is named.
+# What each job's statement meets, held by another session: stale's table locked (its DELETE), or drop's build's row
+# (its batch statement); and how it is named.
 _HELD = {
     "stale_runner_machines_cleanup": (
         lambda dbs: create(dbs, "ci_runner_machines", created_at=ago(days=8)), "ci_runner_machines",
-        "LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE", "WITH deleted AS (DELETE FROM ci_runner_machines"),
+        "LOCK TABLE ci_runner_machines IN ACCESS EXCLUSIVE MODE", "DELETE FROM ci_runner_machines WHERE id = ANY("),
     "drop_canceling_builds": (
         lambda dbs: create(dbs, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2)),
-        "ci_builds", "SELECT id FROM p_ci_builds FOR UPDATE", "WITH picked AS (SELECT p_ci_builds.id"),
+        "ci_builds", "SELECT id FROM p_ci_builds FOR UPDATE",
+        "WITH picked AS ( SELECT id, created_at, project_id FROM p_ci_builds"),
 }
 
 

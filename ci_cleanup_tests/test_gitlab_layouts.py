@@ -72,7 +72,7 @@ def test_stale_runner_machines_cleanup_deletes_in_every_runner_type_partition(st
         assert conn.execute(select(m.c.id)).scalars().all() == [live]
         # GitLab's sync trigger removed the archived copies of the deleted machines too.
         assert conn.exec_driver_sql("SELECT id FROM ci_runner_machines_archived").scalars().all() == [live]
-    assert op_metadata(result, "delete_stale_runner_machines")["total_deleted"] == len(stale)
+    assert op_metadata(result, "report_deleted_runner_machines")["total_deleted"] == len(stale)
 
 
 def test_stuck_export_jobs_fails_an_export_whose_sidekiq_job_is_gone(stack, layout, redis_client):

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.environments_auto_stop import service as auto_stop
-from ci_cleanup.gitlab.schema import array_literal, gitlab_schema, utc_now
+from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stuck_export_jobs import service as stuck_exports
@@ -52,22 +52,27 @@ def first_ids(engine, query, n=100):
 
 def statements(engine):
     """(name, statement) for every job, built by the services' own functions."""
-    b, m, j, e = S.ci_builds, S.ci_runner_machines, S.project_export_jobs, S.environments
-    builds = first_ids(engine, drop_canceling.find_batch_query(S, CUTOFF, 100, set()))
+    j, e = S.project_export_jobs, S.environments
+    with engine.connect() as conn:
+        builds = drop_canceling.find_batch(conn, S, CUTOFF, 100)
     exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
     envs = first_ids(engine, auto_stop.find_batch_query(S, NOW, auto_stop.START, 100))
-    yield "drop_canceling_builds count", select(func.count()).select_from(b).where(
-        drop_canceling.outdated_canceling(S, CUTOFF))
-    yield "drop_canceling_builds batch", drop_canceling.find_batch_query(S, CUTOFF, 100, set())
-    yield "drop_canceling_builds batch excluding left builds", drop_canceling.find_batch_query(
-        S, CUTOFF, 100, {r.id for r in builds[:3]})
-    yield "drop_canceling_builds drop", drop_canceling.drop_statement(S).params(
-        cutoff=CUTOFF.replace(tzinfo=None), now=NOW.replace(tzinfo=None), limit=100,
-        exclude=array_literal(r.id for r in builds[:3]),
-    )
-    yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(
-        stale_machines.stale(S, DEADLINE))
-    yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
+    cutoff, naive_now = CUTOFF.replace(tzinfo=None), NOW.replace(tzinfo=None)
+
+    def drop_sql(sql_file, **params):
+        return sql_file.on(S, engine.dialect).bindparams(cutoff=cutoff, **params)
+
+    yield "drop_canceling_builds count", drop_sql(drop_canceling.COUNT)
+    yield "drop_canceling_builds batch excluding left builds", drop_sql(
+        drop_canceling.CANDIDATES, batch_size=100, passed_over=builds[:3])
+    yield "drop_canceling_builds drop", drop_sql(
+        drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3])
+    yield "drop_canceling_builds drop these builds", drop_sql(
+        drop_canceling.THESE_BUILDS, now=naive_now, ids=builds[3:], failure_reason=3)
+    yield "stale_runner_machines_cleanup count", stale_machines.COUNT.on(S, engine.dialect).bindparams(
+        deadline=DEADLINE, limit=None)
+    yield "stale_runner_machines_cleanup delete", stale_machines.SUB_BATCH.on(S, engine.dialect).bindparams(
+        deadline=DEADLINE, limit=100)
     yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
     yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
     completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)

@@ -392,7 +392,7 @@ def test_failover_mid_run_of_a_lease_job_keeps_the_lease_with_a_ttl_and_the_next
     if not result.success:  # its failure hook gave the lease back, or it expires: the next run may not wait
         new_primary.delete(lease)
     again = _run(drop_canceling_builds, stack.url())
-    assert again.success and op_metadata(again, "drop_outdated_builds")["status"] == "success"
+    assert again.success and op_metadata(again, "report_dropped_builds")["status"] == "success"
     assert _count(engine, S.ci_builds, failed) == total
     assert new_primary.exists(lease) == 0
     new_primary.close()

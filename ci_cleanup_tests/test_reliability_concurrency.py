@@ -307,6 +307,7 @@ def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine)
     the row."""
     from sqlalchemy import text
 
+    from ci_cleanup.gitlab.batching import autocommit
     from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
     from ci_cleanup.stale_runner_machines_cleanup import service
 
@@ -325,10 +326,11 @@ def test_runner_checking_in_while_its_sub_batch_is_being_deleted_is_kept(engine)
         "UPDATE ci_runner_machines SET contacted_at = now() WHERE id = 3 RETURNING contacted_at"
     )).scalar_one()
     deleted: list[int] = []
-    delete = threading.Thread(
-        target=lambda: deleted.extend(
-            service.delete_sub_batch(engine, gitlab_schema(), service.stale_deadline(utc_now()), 100))
-    )
+    def delete_sub_batch() -> None:
+        with autocommit(engine) as conn:
+            deleted.extend(service.delete_sub_batch(conn, gitlab_schema(), service.stale_deadline(utc_now()), 100))
+
+    delete = threading.Thread(target=delete_sub_batch)
     delete.start()
     time.sleep(0.3)  # the DELETE has read its ids and now waits for machine 3's row lock
     transaction.commit()

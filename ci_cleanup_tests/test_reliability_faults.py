@@ -161,9 +161,9 @@ def _artifact(engine, client):
 
 
 CASES = {
-    "drop_canceling_builds": Case(drop_canceling_builds, "drop_outdated_builds", "ci_builds", True, _build,
+    "drop_canceling_builds": Case(drop_canceling_builds, "report_dropped_builds", "ci_builds", True, _build,
                                   lambda r: r.status == "failed" and r.failure_reason == 3),
-    "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "delete_stale_runner_machines",
+    "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "report_deleted_runner_machines",
                                           "ci_runner_machines", False, _machine, lambda r: r is None),
     "stuck_export_jobs": Case(stuck_export_jobs, "fail_stuck_export_jobs", "project_export_jobs", True, _export,
                               lambda r: r.status == 3),
@@ -493,7 +493,7 @@ def test_nulls_in_builds_canceling_without_created_or_updated_at_are_skipped_the
 
     result = run_job(drop_canceling_builds, faults)
 
-    assert op_metadata(result, "drop_outdated_builds")["dropped_count"] == 1
+    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 1
     for build_id in (no_created, no_updated):  # `created_at < cutoff` is unknown: not outdated, as in GitLab's scope
         assert row(engine, "ci_builds", build_id).status == "canceling"
     build = row(engine, "ci_builds", no_runner)
@@ -638,7 +638,7 @@ ODD_CANDIDATES = {
                                      contacted_at=timestamptz(value)),
         "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
         "WHERE id NOT IN (SELECT id FROM ci_runner_machines)",  # deleted
-        ("delete_stale_runner_machines", "would_delete_count"), "total_deleted",
+        ("report_deleted_runner_machines", "would_delete_count"), "total_deleted",
     ),
     "stuck_export_jobs": (
         lambda engine, value: create(engine, "project_export_jobs", status=1, jid=f"jid-{time.monotonic_ns()}",

@@ -19,14 +19,14 @@ from ci_cleanup.stale_runner_machines_cleanup.job import (
 )
 
 from .factories import S, ago, create, ids, row
-from .harness import gitlab_database, on
+from .harness import gitlab_database, on, statements_sent
 from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
 NOW = dt.datetime(2024, 5, 6, 12, 0, tzinfo=dt.UTC)
 WEEK = dt.timedelta(days=7)
-REPORT = "delete_stale_runner_machines"
+REPORT = "report_deleted_runner_machines"
 
 
 def machines(engine, count: int, *, created_at: dt.datetime, contacted_at: dt.datetime | None = None) -> None:
@@ -71,7 +71,7 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
                      contacted_at=contacted_at)
     fresh = create(engine, "ci_runner_machines", created_at=NOW, updated_at=NOW, contacted_at=NOW)
 
-    result = service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, now=NOW)
+    result = service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, NOW)
 
     assert ids(engine, "ci_runner_machines") == ([fresh] if deleted else [machine, fresh])
     assert (result.total_deleted, result.batch_counts) == ((1, [1, 0]) if deleted else (0, [0]))
@@ -80,7 +80,7 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
 def test_now_in_another_zone_is_the_same_moment(engine):
     machine = create(engine, "ci_runner_machines", created_at=NOW - WEEK, updated_at=NOW - WEEK)
     tokyo = NOW.astimezone(dt.timezone(dt.timedelta(hours=9)))
-    assert service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, now=tokyo).total_deleted == 1
+    assert service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, tokyo).total_deleted == 1
     assert row(engine, "ci_runner_machines", machine) is None
 
 
@@ -141,7 +141,7 @@ def test_max_deletions_leaves_the_rest_for_the_next_run(stack, engine, redis_cli
 def test_last_sub_batch_does_not_overshoot_the_cap(engine):
     stale_machines(engine, 30)
     result = service.delete_stale_runner_managers(
-        on(engine, "ci_runner_machines"), S, now=utc_now(), sub_batch_limit=7, max_deletions=25)
+        on(engine, "ci_runner_machines"), S, utc_now(), service.Limits(sub_batch_limit=7, max_deletions=25))
     assert (result.total_deleted, result.batch_counts, result.max_deletions_reached, result.left) == (
         25, [7, 7, 7, 4], True, 5)
     assert len(ids(engine, "ci_runner_machines")) == 5
@@ -213,7 +213,7 @@ def test_two_runs_at_once_delete_each_row_once_with_honest_counts(engine):
         try:
             start.wait()
             results[i] = service.delete_stale_runner_managers(
-                on(engine, "ci_runner_machines"), S, now=utc_now(), sub_batch_limit=20, on_sub_batch=deleted[i].extend
+                on(engine, "ci_runner_machines"), S, utc_now(), service.Limits(sub_batch_limit=20), deleted[i].extend
             )
         except BaseException as e:  # noqa: BLE001 - surfaced below
             errors.append(e)
@@ -261,6 +261,22 @@ def test_missing_column_fails_clearly_and_deletes_nothing(stack, scratch_databas
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM ci_runner_machines")).scalar_one() == 1
     scratch.dispose()
+
+
+def test_the_sub_batch_statements_sent_are_the_packages_sql_file(engine):
+    """The rule a reviewer reads in delete_stale_runner_machines.sql is what runs, sub-batch after sub-batch; the
+    stale rows left are counted by count_stale_runner_machines.sql once the cap stopped the run."""
+    stale_machines(engine, 5)
+    machines_db = on(engine, "ci_runner_machines")
+    files = {f.sent(S, machines_db.dialect): f.name for f in (service.SUB_BATCH, service.COUNT, service.STALE_IDS)}
+    with statements_sent(machines_db) as sent:
+        result = service.delete_stale_runner_managers(
+            machines_db, S, utc_now(), service.Limits(sub_batch_limit=2, max_deletions=4))
+
+    assert [(files.get(sql, sql), parameters["limit"]) for _, sql, parameters in sent] == [
+        ("delete_stale_runner_machines.sql", 2), ("delete_stale_runner_machines.sql", 2),
+        ("count_stale_runner_machines.sql", None)]
+    assert (result.batch_counts, result.left, len(ids(engine, "ci_runner_machines"))) == ([2, 2], 1, 1)
 
 
 def test_schedule_runs_at_36_past_every_hour_utc():

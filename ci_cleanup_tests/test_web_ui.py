@@ -145,7 +145,7 @@ def test_launchpad_dry_run_of_drop_canceling_builds_succeeds_with_its_metadata(d
     page.wait_for_url(re.compile(r".*/runs/[0-9a-f-]{36}.*"))
     sync_api.expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=120_000)
     sync_api.expect(page.get_by_text("RUN_SUCCESS").first).to_be_visible(timeout=60_000)
-    sync_api.expect(page.get_by_text("dry run", exact=True).first).to_be_visible()  # drop_outdated_builds' status
+    sync_api.expect(page.get_by_text("dry run", exact=True).first).to_be_visible()  # report_dropped_builds' status
     sync_api.expect(page.get_by_text("rows_changed", exact=True).first).to_be_visible()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "drop_canceling_builds_dry_run.png"))

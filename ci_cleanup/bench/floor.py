@@ -66,13 +66,11 @@ DROP = """WITH dropped AS (
                          AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
                        ORDER BY created_at, project_id, id LIMIT %(limit)s))
     AND type = 'Ci::Build' AND status = 'canceling' AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
-  RETURNING id, partition_id),
-left_pending AS (DELETE FROM ci_pending_builds WHERE id = ANY(ARRAY(
-  SELECT q.id FROM dropped, LATERAL (SELECT id FROM ci_pending_builds
-                                    WHERE partition_id = dropped.partition_id AND build_id = dropped.id LIMIT 1) q))),
-left_running AS (DELETE FROM ci_running_builds WHERE id = ANY(ARRAY(
-  SELECT q.id FROM dropped, LATERAL (SELECT id FROM ci_running_builds
-                                    WHERE partition_id = dropped.partition_id AND build_id = dropped.id LIMIT 1) q)))
+  RETURNING id),
+pending AS (DELETE FROM ci_pending_builds WHERE id = ANY(ARRAY(
+  SELECT id FROM ci_pending_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id))),
+running AS (DELETE FROM ci_running_builds WHERE id = ANY(ARRAY(
+  SELECT id FROM ci_running_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id)))
 SELECT count(*) FROM dropped"""
 
 

@@ -77,7 +77,8 @@ def _drop_params():
 
 def drop_job(engine, client, on_batch):
     result = drop_canceling.drop_canceling_builds(
-        engine, S, cutoff=utc_now() - drop_canceling.TIMEOUT, on_batch=lambda batch: on_batch()
+        engine, S, drop_canceling.Limits(utc_now() - drop_canceling.TIMEOUT),
+        drop_canceling.Hooks(on_batch=lambda batch: on_batch()),
     )
     return result.dropped
 
@@ -125,7 +126,7 @@ STALE = "created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :d
 
 def stale_job(engine, client, on_batch):
     return stale_machines.delete_stale_runner_managers(
-        engine, S, now=utc_now(), max_deletions=UNLIMITED, on_sub_batch=lambda ids: on_batch()
+        engine, S, utc_now(), stale_machines.Limits(max_deletions=UNLIMITED), lambda ids: on_batch()
     ).total_deleted
 
 

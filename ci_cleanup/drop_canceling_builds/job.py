@@ -1,6 +1,6 @@
 """``Ci::StuckBuilds::DropCancelingWorker`` on Dagster: ``Ci::StuckBuilds::DropCancelingService`` as a job.
 
-find (schema check, lease, count) -> drop (the batches; then the run's totals, lease released).
+find (schema check, lease, count) -> drop in batches -> report (the run's totals, lease released).
 """
 
 import datetime as dt
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
+from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import naive_utc, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
@@ -52,8 +52,8 @@ def find_canceling_builds(
         begun = start(context, run_options, LEASE, gitlab_redis)
         would = {}
         if begun.mode is RunMode.DRY_RUN:
-            first = service.find_batch(conn, schema, cutoff, MAX_IDS_REPORTED, set())
-            would = {"would_drop_count": candidates, "would_drop_ids": [row.id for row in first]}
+            would = {"would_drop_count": candidates,
+                     "would_drop_ids": service.find_batch(conn, schema, cutoff, MAX_IDS_REPORTED)}
     context.log.info("Cleaning canceling, timed-out builds")
     context.add_output_metadata(
         {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), **gitlab_tables, **begun.metadata}
@@ -61,20 +61,21 @@ def find_canceling_builds(
     return DropPlan(begun, cutoff, config.batch_size, candidates, would)
 
 
+@dataclass(frozen=True)
+class DropDone:
+    """What the batches did, for the report op."""
+
+    plan: DropPlan
+    result: service.DropResult
+
+
 @op
-def drop_outdated_builds(
+def drop_canceling_builds_in_batches(
     context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> None:
-    """Drop the candidates 100 at a time, each batch one observation with GitLab's log fields; then give the
-    lease back and put the run's totals on it."""
-    report_dropped_builds(context, plan, drop_batches(context, plan, gitlab_db, gitlab_redis), gitlab_redis)
-
-
-def drop_batches(
-    context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> service.DropResult:
+) -> DropDone:
+    """Drop the candidates 100 at a time, each batch one observation with GitLab's log fields."""
     if not plan.start.runs:
-        return service.DropResult()
+        return DropDone(plan, service.DropResult())
     renew_lease = LEASE.keeper(context, gitlab_redis)
     # The service's per-build log line ("Dropping outdated build"), as the observations' table.
     observer = BatchObserver(
@@ -94,18 +95,19 @@ def drop_batches(
         track_exception(context, error, build_id=build_id)
 
     with observer:
-        return service.drop_canceling_builds(
+        result = service.drop_canceling_builds(
             gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
-            cutoff=plan.cutoff, batch_size=plan.batch_size,
-            on_batch=on_batch, report_error=report_error, with_rows=lambda: observer.wants_rows,
+            service.Limits(plan.cutoff, plan.batch_size), service.Hooks(on_batch, report_error),
         )
+    return DropDone(plan, result)
 
 
-def report_dropped_builds(
-    context: OpExecutionContext, plan: DropPlan, result: service.DropResult, gitlab_redis: GitLabRedis
-) -> None:
+@op
+def report_dropped_builds(context: OpExecutionContext, done: DropDone, gitlab_redis: GitLabRedis) -> None:
+    """Give the lease back and put the run's totals on the run (a dry run's would_drop_… too)."""
+    result = done.result
     finish(
-        context, plan.start,
+        context, done.plan.start,
         {
             ROWS_CHANGED: result.dropped + result.doomed,
             "dropped_count": result.dropped,
@@ -116,12 +118,13 @@ def report_dropped_builds(
             ROWS_WITH_ERRORS: len(result.errors),
             "errors": [f"build {build_id}: {error}" for build_id, error in result.errors[:MAX_IDS_REPORTED]],
         },
-        would=plan.would, lease=LEASE, gitlab_redis=gitlab_redis,
+        would=done.plan.would, lease=LEASE, gitlab_redis=gitlab_redis,
     )
 
 
 drop_canceling_builds, drop_canceling_builds_schedule = batch_job(
-    "drop_canceling_builds", linear(find_canceling_builds, drop_outdated_builds),
+    "drop_canceling_builds",
+    find_process_report(find_canceling_builds, drop_canceling_builds_in_batches, report_dropped_builds),
     description="Fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 30-minute alert).
     seed="000", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,

@@ -41,12 +41,14 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql.base import ischema_names
 from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.types import NullType
 
+_POSTGRESQL = postgresql.dialect()
 TIMESTAMP = DateTime(timezone=False)
 TIMESTAMPTZ = DateTime(timezone=True)
 
@@ -390,7 +392,8 @@ class GitLabSchema:
 
 @functools.cache
 def gitlab_schema(builds_table: str = ci_builds.name, job_artifacts_table: str = ci_job_artifacts.name) -> GitLabSchema:
-    """The tables, with builds and artifacts under the names given (:func:`detect_tables` finds them).
+    """The tables, with builds and artifacts under the names given (:func:`detect_tables` finds them): a name as
+    it is (no quoting), ``schema.name`` for one in another schema.
 
     Other names than the declared ones get a copy of every table in a MetaData of their own, so that
     ``metadata.sorted_tables`` is exactly the database's tables.
@@ -400,7 +403,9 @@ def gitlab_schema(builds_table: str = ci_builds.name, job_artifacts_table: str =
     if any(declared != name for declared, name in names.items()):
         md = MetaData()
         for table in metadata.sorted_tables:
-            table.to_metadata(md, name=names.get(table.name, table.name))
+            # A dot names the table's schema (gitlab_partitions_dynamic.ci_builds_101): a Table in that schema.
+            schema, _, name = names.get(table.name, table.name).rpartition(".")
+            table.to_metadata(md, schema=schema or None, name=name)
     return GitLabSchema(
         metadata=md,
         ci_builds=md.tables[builds_table],
@@ -535,7 +540,7 @@ def write_locked(conn: Connection, tables: list[Table]) -> list[str]:
         text("SELECT DISTINCT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
              "JOIN pg_proc p ON p.oid = t.tgfoid WHERE p.proname = 'gitlab_schema_prevent_write' "
              "AND t.tgrelid = ANY(SELECT to_regclass(n) FROM unnest(CAST(:names AS text[])) n) ORDER BY 1"),
-        {"names": [t.name for t in tables]},
+        {"names": [regclass(t) for t in tables]},
     ))
 
 
@@ -589,31 +594,36 @@ def _found_family(pg_type: str) -> tuple:
     return (family, "with time zone" in base) if family is DateTime else (family,)
 
 
+def regclass(table: Table) -> str:
+    """``table``'s name as ``to_regclass`` reads it: quoted where PostgreSQL needs it, with its schema if any."""
+    return _POSTGRESQL.identifier_preparer.format_table(table)
+
+
 def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
     """Fail, naming every missing table and column and every column of an incompatible type, unless the
     database has what ``tables`` use; the names of the tables checked, for the run's metadata."""
-    present: dict[str, dict[str, str]] = {table.name: {} for table in tables}
+    present: dict[str, dict[str, str]] = {regclass(table): {} for table in tables}
     for name, column, pg_type in conn.execute(_COLUMNS, {"names": list(present)}):
         if column is not None:
             present[name][column] = pg_type
     problems = []
     for table in tables:
-        if not present[table.name]:
-            problems.append(f"table {table.name} is missing")
+        if not present[regclass(table)]:
+            problems.append(f"table {table.fullname} is missing")
             continue
         for column in table.columns:
-            found = present[table.name].get(column.name)
+            found = present[regclass(table)].get(column.name)
             if found is None:
-                problems.append(f"column {table.name}.{column.name} is missing")
+                problems.append(f"column {table.fullname}.{column.name} is missing")
             elif _found_family(found) != _family(column.type):
                 expected = column.type.compile(dialect=conn.dialect)
-                problems.append(f"column {table.name}.{column.name} is {found.upper()}, expected {expected}")
+                problems.append(f"column {table.fullname}.{column.name} is {found.upper()}, expected {expected}")
     if problems:
         raise SchemaMismatch(
             "The database does not have what this job needs (ci_cleanup never creates or alters tables in it): "
             + ", ".join(problems)
         )
-    return [table.name for table in tables]
+    return [table.fullname for table in tables]
 
 
 def missing_unique_index(conn: Connection, table: Table, column: str, gitlab_name: str) -> str | None:

@@ -1,7 +1,7 @@
 """``Ci::Runners::StaleMachinesCleanupCronWorker`` on Dagster: ``Ci::Runners::StaleManagersCleanupService`` as a job.
 
-find (schema check; a dry run's count) -> delete (the sub-batches; the stale rows left when the cap stopped
-them; then the service's status, total_deleted and batch_counts). No lease, as in GitLab: the worker is
+find (schema check; a dry run's count) -> delete in sub-batches (and the stale rows left when the cap stopped
+them) -> report (the service's status, total_deleted and batch_counts). No lease, as in GitLab: the worker is
 idempotent.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field, model_validator
 
-from ..batch import RunMode, Start, batch_job, finish, linear, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
@@ -52,9 +52,7 @@ class StaleRunnerMachinesCleanupConfig(Config):
 class CleanupPlan:
     start: Start
     now: dt.datetime
-    stale_after: dt.timedelta
-    sub_batch_size: int
-    max_deletions: int
+    limits: service.Limits
     would: dict = field(default_factory=dict)  # dry run: what a run would delete
 
 
@@ -65,8 +63,9 @@ def find_stale_runner_machines(
 ) -> CleanupPlan:
     """Check the schema; a dry run counts the stale runner machines a run would delete."""
     schema = gitlab_db.schema
-    now, stale_after = utc_now(), dt.timedelta(days=config.stale_after_days)
-    deadline = service.stale_deadline(now, stale_after)
+    now = utc_now()
+    limits = service.Limits(dt.timedelta(days=config.stale_after_days), config.sub_batch_size, config.max_deletions)
+    deadline = service.stale_deadline(now, limits.stale_after)
     gitlab_tables = gitlab_db.require([schema.ci_runner_machines])
     begun = start(context, run_options)
     would = {}
@@ -76,43 +75,45 @@ def find_stale_runner_machines(
             ids = service.find_stale_ids(conn, schema, deadline, min(would_delete, MAX_IDS_REPORTED))
             would = {"would_delete_count": would_delete, "would_delete_ids": ids}
     context.add_output_metadata({"stale_deadline": deadline.isoformat(), **gitlab_tables, **begun.metadata})
-    return CleanupPlan(begun, now, stale_after, config.sub_batch_size, config.max_deletions, would)
+    return CleanupPlan(begun, now, limits, would)
+
+
+@dataclass(frozen=True)
+class CleanupDone:
+    """What the sub-batches did, for the report op."""
+
+    plan: CleanupPlan
+    result: service.CleanupResult
 
 
 @op
-def delete_stale_runner_machines(context: OpExecutionContext, plan: CleanupPlan, gitlab_db: GitLabDatabase) -> None:
-    """Delete sub-batch after sub-batch, each its own transaction and one observation on the table; then the
-    service's done log."""
-    report_stale_runner_machines_cleanup(context, plan, delete_sub_batches(context, plan, gitlab_db))
-
-
-def delete_sub_batches(
+def delete_stale_runner_machines_in_sub_batches(
     context: OpExecutionContext, plan: CleanupPlan, gitlab_db: GitLabDatabase
-) -> service.CleanupResult:
+) -> CleanupDone:
+    """Delete sub-batch after sub-batch, each its own transaction and one observation on the table."""
     if not plan.start.runs:
-        return service.CleanupResult(max_deletions=plan.max_deletions)
-
+        return CleanupDone(plan, service.CleanupResult(max_deletions=plan.limits.max_deletions))
     observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
         observer.add({"deleted": len(deleted_ids)}, ({"runner_machine_id": i} for i in deleted_ids))
 
     with observer:
-        return service.delete_stale_runner_managers(
-            gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema,
-            now=plan.now, stale_after=plan.stale_after,
-            sub_batch_limit=plan.sub_batch_size, max_deletions=plan.max_deletions, on_sub_batch=on_sub_batch,
+        result = service.delete_stale_runner_managers(
+            gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema, plan.now, plan.limits,
+            on_sub_batch,
         )
+    return CleanupDone(plan, result)
 
 
-def report_stale_runner_machines_cleanup(
-    context: OpExecutionContext, plan: CleanupPlan, result: service.CleanupResult
-) -> None:
+@op
+def report_deleted_runner_machines(context: OpExecutionContext, done: CleanupDone) -> None:
     """The service's done log: status, total_deleted, batch_counts; and whether the cap stopped the run."""
+    plan, result = done.plan, done.result
     if result.max_deletions_reached:
         context.log.warning(
-            f"MAX_DELETIONS ({plan.max_deletions}) reached: {result.left} stale runner machines left for the next "
-            "run; reached run after run, the backlog is growing"
+            f"MAX_DELETIONS ({plan.limits.max_deletions}) reached: {result.left} stale runner machines left for the "
+            "next run; reached run after run, the backlog is growing"
         )
     finish(
         context, plan.start,
@@ -130,7 +131,8 @@ def report_stale_runner_machines_cleanup(
 
 stale_runner_machines_cleanup, stale_runner_machines_cleanup_schedule = batch_job(
     "stale_runner_machines_cleanup",
-    linear(find_stale_runner_machines, delete_stale_runner_machines),
+    find_process_report(
+        find_stale_runner_machines, delete_stale_runner_machines_in_sub_batches, report_deleted_runner_machines),
     description="Delete runner machines not contacted for 7 days (Ci::Runners::StaleMachinesCleanupCronWorker)",
     seed="001", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="36 * * * *",  # GitLab's cron: every hour at :36
 )

@@ -1,0 +1,7 @@
+-- The stale runner machines, or as many up to the limit (none given: all): what a dry run would delete, or what a
+-- run its cap stopped leaves for the next one.
+SELECT count(*) FROM (
+  SELECT FROM ci_runner_machines
+  WHERE created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :deadline)
+  LIMIT :limit
+) AS stale
