@@ -71,7 +71,7 @@ BATCHES = (
     Batch(artifacts_job.delete_expired_artifact_files, artifacts_job.delete_expired_artifact_files_schedule,
           "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
-    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "prune_runs", prune_job.ASSET,
-          "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
+    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_pruned_runs",
+          prune_job.ASSET, "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
 )
 BY_NAME = {batch.name: batch for batch in BATCHES}
