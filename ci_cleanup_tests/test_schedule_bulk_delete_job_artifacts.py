@@ -261,7 +261,7 @@ def test_pick_up_at_clamp_bounds():
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
 
 
-# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and its Python reference
+# Edge cases of the deleted-object rule, for the batch file's SQL and its Python reference
 # (expected_deleted_object).
 RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)  # Los Angeles moved to DST 2 hours before
 SESSION_TIME_ZONE = "America/Los_Angeles"
