@@ -65,13 +65,13 @@ BATCHES = (
           export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
           demo=export_demo.seed),
     Batch(artifacts_job.schedule_bulk_delete_job_artifacts, artifacts_job.schedule_bulk_delete_job_artifacts_schedule,
-          "run_bucket_workers", artifacts_job.ARTIFACTS,
+          "report_destroyed_job_artifacts", artifacts_job.ARTIFACTS,
           "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket",
           demo=artifacts_demo.seed),  # its rows include the stored files delete_expired_artifact_files removes
     Batch(artifacts_job.delete_expired_artifact_files, artifacts_job.delete_expired_artifact_files_schedule,
-          "remove_expired_artifact_files", artifacts_job.DELETED_OBJECTS,
+          "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
-    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "prune_runs", prune_job.ASSET,
-          "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
+    Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_pruned_runs",
+          prune_job.ASSET, "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
 )
 BY_NAME = {batch.name: batch for batch in BATCHES}

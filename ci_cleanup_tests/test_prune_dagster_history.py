@@ -143,7 +143,7 @@ def test_old_finished_runs_go_with_their_event_logs_and_every_other_run_stays_wh
     assert not gone & set(after)
     with dagster_db.connect() as conn:
         assert conn.scalar(text(ORPHAN_EVENTS)) == 0
-    report = op_metadata(result, "prune_runs")
+    report = op_metadata(result, "report_pruned_runs")
     assert (report["runs_deleted"], report["events_deleted"]) == (2500, 2500 * EVENTS)
     assert report["batch_counts"] == [250] * 8 + [200, 250, 50]  # success and canceled, then failed
     oldest_kept = min(r.update_timestamp for r in instance.get_run_records() if r.dagster_run.run_id in kept)
@@ -231,7 +231,7 @@ def test_dry_run_lists_what_would_go_and_writes_nothing(stack, redis_client, ins
     events = events_by_run(dagster_db)
     del events[dry.run_id]
     assert (run_ids(dagster_db) - {dry.run_id}, events) == before
-    would = op_metadata(dry, "prune_runs")
+    would = op_metadata(dry, "report_pruned_runs")
     assert (would["would_delete_count"], would["would_delete_run_ids"]) == (150, old)  # oldest first
     assert len(would["would_summarise_days"]) == 20
     assert history(instance, "stale_runner_machines_cleanup") == []
@@ -278,7 +278,7 @@ def test_a_run_while_another_holds_the_lease_is_skipped_and_deletes_nothing(
     result = prune(stack, instance)
 
     assert result.success
-    assert op_metadata(result, "prune_runs")["status"] == "skipped: lease held"
+    assert op_metadata(result, "report_pruned_runs")["status"] == "skipped: lease held"
     events = events_by_run(dagster_db)
     del events[result.run_id]
     assert events == before
@@ -332,7 +332,7 @@ def test_a_run_killed_mid_deletion_leaves_no_run_without_its_events_and_the_next
     result = prune(stack, instance)
 
     assert result.success
-    assert op_metadata(result, "prune_runs")["resumed_run_ids"] == (json.loads(pending) if pending else [])
+    assert op_metadata(result, "report_pruned_runs")["resumed_run_ids"] == (json.loads(pending) if pending else [])
     assert not old & run_ids(dagster_db) and kept <= run_ids(dagster_db)
     with dagster_db.connect() as conn:
         assert conn.scalar(text(ORPHAN_EVENTS)) == 0
@@ -352,7 +352,7 @@ def test_a_batch_left_half_deleted_is_deleted_again_first(stack, redis_client, i
 
     result = prune(stack, instance)
 
-    report = op_metadata(result, "prune_runs")
+    report = op_metadata(result, "report_pruned_runs")
     assert (report["resumed_run_ids"], report["runs_deleted"]) == (batch, 20)
     assert run_ids(dagster_db) == {template, result.run_id}
     with dagster_db.connect() as conn:
@@ -364,12 +364,12 @@ def test_no_new_batch_starts_after_the_run_time_limit(instance, dagster_db, temp
     clone_runs(dagster_db, template, spread(100, 50, 31))
     start, calls = utc_now(), []
 
-    def clock():  # each call is a minute later: the deadline read, then one call before each day and batch
+    def clock():  # each call is a minute later: the start, then one after each day and batch (GitLab's loop_until)
         calls.append(None)
         return start + dt.timedelta(minutes=len(calls) - 1)
 
-    result = service.prune_history(
-        instance, now=utc_now(), batch_size=10, max_runtime=dt.timedelta(minutes=23), clock=clock
+    result = service.prune_history(  # 20 days, then the batches after minutes 21 and 22: past 21 minutes
+        instance, now=utc_now(), batch_size=10, max_runtime=dt.timedelta(minutes=21), clock=clock
     )
 
     assert (result.days_summarised, result.batch_counts, result.time_limit_reached) == (20, [10, 10], True)
@@ -429,7 +429,7 @@ def test_keep_times_come_from_the_environment_of_the_code_location_and_run_confi
     first = prune(stack, instance)
 
     assert run_ids(dagster_db) == {template, days_40, failed_55, first.run_id}
-    report = op_metadata(first, "prune_runs")
+    report = op_metadata(first, "report_pruned_runs")
     assert (report["keep_days"], report["keep_failed_days"]) == (45, 60)
 
     second = prune(stack, instance, keep_days=35, keep_failed_days=50)

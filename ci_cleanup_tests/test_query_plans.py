@@ -96,10 +96,8 @@ def statements(engine):
         now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
         stopped_ids=[env.id for env in envs[50:100]],
     )
-    a = S.ci_job_artifacts
-    yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
-        bulk_delete.expired_in_bucket(S, NOW, bulk_delete.MAX_BUCKETS, 1)
-    )
+    yield "schedule_bulk_delete_job_artifacts dry run count", bulk_delete.WOULD_DELETE.on(S, engine.dialect).bindparams(
+        now=NOW, max_buckets=bulk_delete.MAX_BUCKETS, bucket=1, ids_limit=100)
     yield "schedule_bulk_delete_job_artifacts batch", artifact_batch(engine)
 
 
@@ -109,9 +107,8 @@ def artifact_batch(engine):
     query = select(a.c.expire_at, a.c.id).where(a.c.expire_at < NOW, a.c.locked == 0).order_by(a.c.expire_at, a.c.id)
     expired = first_ids(engine, query, 1000)
     cursor = expired[len(expired) // 2]
-    return bulk_delete.batch_statement(S).params(
-        bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after=cursor.expire_at,
-        max_buckets=bulk_delete.MAX_BUCKETS,
+    return bulk_delete.BATCH.on(S, engine.dialect).bindparams(
+        bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after=str(cursor.expire_at),
         **bulk_delete.pick_up_at_bounds(NOW),
     )
 

@@ -169,7 +169,7 @@ CASES = {
                               lambda r: r.status == 3),
     "environments_auto_stop": Case(environments_auto_stop, "stop_environments", "environments", True, _environment,
                                    lambda r: r.state == "stopped"),
-    "schedule_bulk_delete_job_artifacts": Case(schedule_bulk_delete_job_artifacts, "run_bucket_workers",
+    "schedule_bulk_delete_job_artifacts": Case(schedule_bulk_delete_job_artifacts, "report_destroyed_job_artifacts",
                                                "ci_job_artifacts", True, _artifact, lambda r: r is None),
 }
 LEASES = {"drop_canceling_builds": DROP_LEASE, "environments_auto_stop": STOP_LEASE}
@@ -596,7 +596,7 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
 
     assert result.success
     assert {name: row(engine, "ci_job_artifacts", made[name]) for name in made} == dict.fromkeys(made)
-    report = op_metadata(result, "run_bucket_workers")
+    report = op_metadata(result, "report_destroyed_job_artifacts")
     assert (report["destroyed_job_artifacts_count"], report["deleted_objects_created"]) == (5, 5)
     with engine.connect() as conn:
         # In pick_up_at order: the workers run side by side, so the rows' ids follow no bucket order.
@@ -610,7 +610,7 @@ def test_artifacts_expiring_in_year_1_at_minus_infinity_in_bc_or_past_bigint_are
     )
 
     assert files.success
-    assert op_metadata(files, "remove_expired_artifact_files")["files_missing"] == 8
+    assert op_metadata(files, "report_removed_artifact_files")["files_missing"] == 8
     assert ids(engine, "ci_deleted_objects") == []
 
 
@@ -656,7 +656,7 @@ ODD_CANDIDATES = {
                                      expire_at=timestamptz(value)),
         "SELECT id FROM (VALUES (1), (2), (3), (4)) AS t(id) "
         "WHERE id NOT IN (SELECT id FROM p_ci_job_artifacts)",  # deleted
-        ("run_bucket_workers", "would_delete_count"), "destroyed_job_artifacts_count",
+        ("report_destroyed_job_artifacts", "would_delete_count"), "destroyed_job_artifacts_count",
     ),
 }
 

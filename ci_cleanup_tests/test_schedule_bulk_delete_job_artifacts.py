@@ -25,7 +25,7 @@ from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG
-from ci_cleanup.schedule_bulk_delete_job_artifacts import service
+from ci_cleanup.schedule_bulk_delete_job_artifacts import files, service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     ARTIFACTS_ROOT_ENV,
     STOPPING,
@@ -41,15 +41,18 @@ from .runner import op_metadata, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
-WORKERS = REPORT = "run_bucket_workers"  # the workers' op reports the run's totals too
+WORKERS, REPORT = "run_bucket_workers", "report_destroyed_job_artifacts"  # its per-worker table; the run's totals
 
 
-def run_worker(engine, redis_client, **options) -> service.WorkerResult:
+def run_worker(engine, redis_client, *, batch_size: int = service.BATCH_SIZE,
+               max_batches: int = service.MAX_BATCHES, on_batch=None, stop=None) -> service.WorkerResult:
     """A bucket worker as the job runs it: deleting in the artifacts' database, reading GitLab's flags in theirs when
     decomposed (on one database, the batch's own statement reads them)."""
     artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
+    hooks = service.Hooks(stop=stop) if on_batch is None else service.Hooks(on_batch=on_batch, stop=stop)
     return service.run_bucket_worker(
-        artifacts, redis_client, S, flags_engine=None if flags is artifacts else flags, **options)
+        artifacts, redis_client, S, limits=service.Limits(batch_size=batch_size, max_batches=max_batches),
+        hooks=hooks, flags_engine=None if flags is artifacts else flags)
 
 
 def enable(engine, *flags: str) -> None:
@@ -258,7 +261,7 @@ def test_pick_up_at_clamp_bounds():
     assert pick_up_at(now - dt.timedelta(minutes=5)) == now - dt.timedelta(minutes=5)
 
 
-# Edge cases of the deleted-object rule, for the SQL (deleted_objects_select) and its Python reference
+# Edge cases of the deleted-object rule, for the batch file's SQL and its Python reference
 # (expected_deleted_object).
 RULE_NOW = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)  # Los Angeles moved to DST 2 hours before
 SESSION_TIME_ZONE = "America/Los_Angeles"
@@ -288,19 +291,23 @@ def _object(o) -> tuple:
 
 
 def test_deleted_object_sql_matches_the_python_rule(engine):
+    """The batch file's ci_deleted_objects rows, in a session west of UTC, against the Python rule: every artifact is
+    taken (a ``now`` past all of them, one bucket) and the pick_up_at bounds are RULE_NOW's, so both are reached."""
     expire_at = EXPIRE_AT + [RULE_NOW + dt.timedelta(minutes=30), RULE_NOW + dt.timedelta(days=400)]
     made = [create(engine, "ci_job_artifacts", project_id=case.pop("project_id", 42), job_id=58, **case)
             for case in _rule_cases(expire_at)]
-    a = S.ci_job_artifacts
-    with on(engine, "ci_job_artifacts").connect() as conn:
+    a, d = S.ci_job_artifacts, S.ci_deleted_objects
+    with on(engine, "ci_job_artifacts").connect() as conn:  # rolled back at the end: the rows stay for the test
         conn.execute(text(f"SET TIME ZONE '{SESSION_TIME_ZONE}'"))
         artifacts = {r.id: r for r in conn.execute(select(a))}
-        in_sql = conn.execute(service.deleted_objects_select(a).add_columns(a.c.id),
-                              service.pick_up_at_bounds(RULE_NOW)).mappings().all()
-    assert sorted(artifacts) == made
-    in_python = {i: expected_deleted_object(r, RULE_NOW) for i, r in artifacts.items()}
-    assert {r["id"]: _object(r) for r in in_sql} == {i: _object(o) for i, o in in_python.items() if o is not None}
-    assert sum(o is None for o in in_python.values()) == len(NO_OBJECT_CASES)
+        batch = conn.execute(service.BATCH_FLAGS_FROM_MAIN.on(S, conn.dialect), {
+            "enabled": True, "max_buckets": 1, "bucket": 0, "now": RULE_NOW + dt.timedelta(days=3650),
+            "after": service.START, "limit": len(made), **service.pick_up_at_bounds(RULE_NOW)}).one()
+        in_sql = conn.execute(select(d)).mappings().all()
+    assert sorted(artifacts) == made and (batch.ids, batch.deleted_objects) == (made, len(in_sql))
+    in_python = [expected_deleted_object(r, RULE_NOW) for r in artifacts.values()]
+    assert sorted(map(_object, in_sql)) == sorted(_object(o) for o in in_python if o is not None)
+    assert sum(o is None for o in in_python) == len(NO_OBJECT_CASES)
     pick_up = sorted(r["pick_up_at"] for r in in_sql)  # both bounds reached, and values in between
     assert pick_up[0] == RULE_NOW - dt.timedelta(days=1) and pick_up[-1] == RULE_NOW + dt.timedelta(hours=1)
     assert RULE_NOW - dt.timedelta(hours=23, minutes=30) in pick_up and RULE_NOW + dt.timedelta(minutes=30) in pick_up
@@ -492,8 +499,9 @@ def test_worker_stops_when_the_feature_is_turned_off_mid_run_deleting_nothing_mo
 
 
 def test_a_batch_is_one_statement_that_reads_the_flags_or_main_is_read_before_it(stack, engine, redis_client):
-    """GitLab's worker reads the flags before each batch. On one database the batch's own statement reads them: one
-    round trip a batch, as the floor's. Decomposed, the flags are main's: read there before each batch."""
+    """GitLab's worker reads the flags before each batch. On one database the batch's own statement reads them
+    (delete_expired_batch.sql): one round trip a batch. Decomposed, the flags are main's: read_flags.sql there, then
+    the batch with them bound. What is sent is the files' text."""
     enable(engine, service.FEATURE_FLAG)
     for p in range(1, 6):
         artifact(engine, bucket=0, project_id=p * 5)
@@ -501,15 +509,25 @@ def test_a_batch_is_one_statement_that_reads_the_flags_or_main_is_read_before_it
     artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
     with statements_sent(artifacts, flags) as statements:
         result = run_worker(engine, redis_client, batch_size=2)
-    sent = [(watched, "batch" if "DELETE" in sql else "feature_gates" if "feature_gates" in sql else sql)
-            for watched, sql, _ in statements]
+    sent = [(watched, sql) for watched, sql, _ in statements]
 
     assert (result.batches, result.destroyed_job_artifacts_count, result.artifacts_empty) == (3, 5, True)
+    read_flags = service.READ_FLAGS.sent(S, flags.dialect)
     if flags is artifacts:
-        assert sent == [(artifacts, "batch")] * 3
+        assert sent == [(artifacts, service.BATCH.sent(S, artifacts.dialect))] * 3
     else:
-        assert sent == [(flags, "feature_gates"), (artifacts, "batch")] * 3
+        assert sent == [(flags, read_flags), (artifacts, service.BATCH_FLAGS_FROM_MAIN.sent(S, artifacts.dialect))] * 3
     assert ids(engine, "ci_job_artifacts") == [] and len(deleted_objects(engine)) == 5
+
+
+def test_a_dry_run_counts_each_bucket_with_its_file(stack, engine, redis_client):
+    in_bucket = {b: [artifact(engine, bucket=b, project_id=p) for p in (10, 20)[: 1 + b % 2]] for b in range(5)}
+    artifact(engine, locked=1)
+    artifacts = on(engine, "ci_job_artifacts")
+    with statements_sent(artifacts) as statements, artifacts.connect() as conn:
+        found = service.count_expired_by_bucket(conn, S, utc_now(), service.MAX_BUCKETS, 1)
+    assert found == {b: (len(made), made[:1]) for b, made in in_bucket.items()}
+    assert [sql for _, sql, _ in statements] == [service.WOULD_DELETE.sent(S, artifacts.dialect)] * 5
 
 
 def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, redis_client):
@@ -525,20 +543,21 @@ def test_worker_stops_after_max_batches_and_releases_its_bucket(stack, engine, r
     assert redis_state(redis_client) == ({0}, {})
 
 
-def test_a_batch_without_its_ids_counts_exactly_and_the_worker_goes_on_as_with_them(stack, engine, redis_client):
-    """``with_rows``, asked before each batch, says no to the second: that batch returns its count, size and cursor,
-    not its ids (None, not an empty list), and the worker counts and goes on exactly as with them."""
+def test_each_batch_hands_on_its_ids_count_size_and_the_worker_goes_on_from_its_cursor(
+    stack, engine, redis_client
+):
+    """Oldest expire_at first, each batch after the last one's: ids in order, count and bytes freed exact."""
     enable(engine, service.FEATURE_FLAG)
     created = [artifact(engine, bucket=0, project_id=p * 5, expire_at=ago(hours=10 - p), size=p) for p in range(1, 6)]
     redis_client.sadd(AVAILABLE_KEY, "0")
-    asked, batches = [], []
+    batches = []
 
-    result = run_worker(engine, redis_client, batch_size=2, on_batch=lambda bucket, batch: batches.append(batch),
-                        with_rows=lambda: len(asked.append(True) or asked) != 2)
+    result = run_worker(engine, redis_client, batch_size=2, on_batch=lambda bucket, batch: batches.append(batch))
 
-    assert [(b.count, b.ids, b.size) for b in batches] == [(2, created[:2], 3), (2, None, 7), (1, created[4:], 5)]
-    assert (result.destroyed_job_artifacts_count, result.batches, result.size, result.artifacts_empty, len(asked)) == (
-        5, 3, 15, True, 3)
+    assert [(b.count, b.ids, b.size) for b in batches] == [
+        (2, created[:2], 3), (2, created[2:4], 7), (1, created[4:], 5)]
+    assert (result.destroyed_job_artifacts_count, result.batches, result.size, result.artifacts_empty) == (
+        5, 3, 15, True)
     assert ids(engine, "ci_job_artifacts") == [] and len(deleted_objects(engine)) == 5
 
 
@@ -868,7 +887,7 @@ def test_job_runs_its_workers_in_one_op_in_process_every_7_minutes():
     job = defs.get_job_def("schedule_bulk_delete_job_artifacts")
     assert job.executor_def.name == "in_process"
     assert [node.name for node in job.graph.nodes_in_topological_order] == [
-        "schedule_buckets", WORKERS]
+        "schedule_buckets", WORKERS, REPORT]
     assert schedule_bulk_delete_job_artifacts_schedule.cron_schedule == "*/7 * * * *"
     assert schedule_bulk_delete_job_artifacts_schedule.execution_timezone == "UTC"
     assert schedule_bulk_delete_job_artifacts.tags["ci_cleanup/seed"] == "004"
@@ -876,7 +895,7 @@ def test_job_runs_its_workers_in_one_op_in_process_every_7_minutes():
 
 # --- delete_expired_artifact_files: the stored files of deleted artifacts --------------------------------------
 
-FILES_REPORT = "remove_expired_artifact_files"
+FILES_REPORT = "report_removed_artifact_files"
 
 
 def deleted_object_row(engine, *, store_dir: str, file: str = "artifacts.zip", file_store: int = 1,
@@ -947,6 +966,31 @@ def test_files_job_without_a_root_leaves_local_rows(stack, engine, redis_client,
     assert ids(engine, "ci_deleted_objects") == [local]
     report = op_metadata(result, FILES_REPORT)
     assert (report["rows_changed"], report["local_left_without_root"]) == (0, 1)
+
+
+def test_files_batches_send_their_files_text_and_page_past_the_rows_they_leave(stack, engine, redis_client, tmp_path):
+    """Each batch: next_due_deleted_objects.sql (locked), then delete_removed_deleted_objects.sql for the rows whose
+    file is gone; the object-storage row is left and not taken again. A dry run: count_due_ and preview_due_."""
+    paths = [stored_file(tmp_path, f"ab/cd/{i}") for i in range(3)]
+    local = [deleted_object_row(engine, store_dir=f"ab/cd/{i}", pick_up_at=ago(hours=3 - i)) for i in range(3)]
+    remote = deleted_object_row(engine, store_dir="ab/cd/r", file_store=2, pick_up_at=ago(hours=2, minutes=30))
+    deleted = on(engine, "ci_deleted_objects")
+    sent = {name: sql.sent(S, deleted.dialect) for name, sql in [
+        ("next", files.NEXT_DUE), ("delete", files.DELETE_REMOVED), ("count", files.COUNT_DUE),
+        ("preview", files.PREVIEW_DUE)]}
+    with statements_sent(deleted) as statements:
+        with deleted.connect() as conn:
+            due = files.count_due(conn, S, utc_now())
+            would = files.preview(conn, S, tmp_path, utc_now(), 10)
+        result = files.delete_expired_artifact_files(deleted, S, tmp_path, batch_size=2)
+
+    assert (due, would.removed, would.object_storage) == ({1: 3, 2: 1}, local, [remote])
+    assert (result.batches, result.removed, result.object_storage) == (2, 3, 1)
+    assert not any(p.exists() for p in paths) and ids(engine, "ci_deleted_objects") == [remote]
+    names = {sql: name for name, sql in sent.items()}
+    assert [names.get(sql, sql) for _, sql, _ in statements] == [
+        "count", "preview", "next", "delete", "next", "delete", "next"]
+    assert [params["ids"] for _, sql, params in statements if sql == sent["delete"]] == [local[:1], local[1:]]
 
 
 def test_files_job_takes_the_root_from_the_environment(stack, engine, redis_client, tmp_path, monkeypatch):

@@ -275,8 +275,9 @@ def artifacts_job(engine, client, on_batch):
     total = 0
     for bucket in range(bulk_delete.MAX_BUCKETS):  # one worker per bucket, one after the other
         total += bulk_delete.run_bucket_worker(
-            engine, client, S, bucket=bucket, max_batches=UNLIMITED, max_runtime=dt.timedelta(days=1),
-            on_batch=lambda b, batch: on_batch(),
+            engine, client, S, bucket=bucket, limits=bulk_delete.Limits(max_batches=UNLIMITED,
+                                                                       max_runtime=dt.timedelta(days=1)),
+            hooks=bulk_delete.Hooks(on_batch=lambda b, batch: on_batch()),
         ).destroyed_job_artifacts_count
     return total
 
@@ -303,16 +304,28 @@ def artifacts_raw(engine, client, on_batch):
     return total
 
 
+# One artifact's ci_deleted_objects row, as Ci::JobArtifact#to_deleted_object_attrs, for the bench's artifacts (a
+# final path without trailing slashes, else GitLab's hashed path).
+RECORD_ONE = text("""
+    INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
+    SELECT file_store,
+           CASE WHEN file_final_path IS NOT NULL THEN regexp_replace(file_final_path, '/[^/]*$', '')
+                ELSE concat_ws('/', substr(h, 1, 2), substr(h, 3, 2), h,
+                               to_char(timezone('UTC', created_at), 'YYYY_MM_DD'), job_id, id) END,
+           CASE WHEN file_final_path IS NOT NULL THEN regexp_replace(file_final_path, '^.*/', '') ELSE file END,
+           project_id, least(greatest(expire_at, :earliest), :latest)
+    FROM p_ci_job_artifacts, LATERAL (SELECT encode(sha256(convert_to(project_id::text, 'UTF8')), 'hex') AS h) hashed
+    WHERE id = :id""")
+
+
 def artifacts_per_row(engine, client, on_batch):
     now = utc_now()
-    a, columns = S.ci_job_artifacts, ["file_store", "store_dir", "file", "project_id", "pick_up_at"]
     read = text(f"SELECT id FROM p_ci_job_artifacts WHERE id = :id AND {EXPIRED} FOR UPDATE")
 
     def destroy(conn, artifact_id):  # read the artifact, record its file, delete it
         if conn.execute(read, {"id": artifact_id, "now": now}).first() is None:
             return 0
-        its_file = bulk_delete.deleted_objects_select(a).where(a.c.id == artifact_id)
-        conn.execute(insert(S.ci_deleted_objects).from_select(columns, its_file), bulk_delete.pick_up_at_bounds(now))
+        conn.execute(RECORD_ONE, {"id": artifact_id, **bulk_delete.pick_up_at_bounds(now)})
         conn.execute(text("DELETE FROM p_ci_job_artifacts WHERE id = :id"), {"id": artifact_id})
         return 1
 

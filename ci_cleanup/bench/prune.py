@@ -116,8 +116,37 @@ def _count(engine: Engine, sql: str) -> int:
         return conn.scalar(text(sql))
 
 
-def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) -> dict[str, float]:
+def _prune_beside_gitlab_job(
+    stack_env: dict[str, str], workdir: Path, resources: dict, instance: DagsterInstance, figures: dict[str, float]
+) -> dict:
+    """The prune in this process while the GitLab job runs in its own; its times in ``figures``, the prune's totals
+    returned (its report op's metadata)."""
+    from ..batches import BY_NAME
     from ..prune_dagster_history.job import prune_dagster_history
+
+    gitlab_started = time.monotonic()
+    beside = _gitlab_job(stack_env, workdir)
+    gitlab_ended = []  # when the GitLab job's process exits, seen by a thread while the prune runs here
+    waiter = threading.Thread(target=lambda: gitlab_ended.append((beside.wait(), time.monotonic())))
+    waiter.start()
+    started = time.monotonic()
+    result = prune_dagster_history.execute_in_process(resources=resources, instance=instance)
+    prune_ended = time.monotonic()
+    figures["prune_s"] = prune_ended - started
+    waiter.join()
+    gitlab_returncode, ended = gitlab_ended[0]
+    figures["gitlab_job_beside_s"] = ended - gitlab_started
+    figures["gitlab_job_ended_before_prune"] = float(ended < prune_ended)
+    if gitlab_returncode != 0:
+        raise RuntimeError(f"stale_runner_machines_cleanup failed beside the prune: {beside.stderr.read()[-2000:]}")
+    report_op = BY_NAME["prune_dagster_history"].report_op
+    return next(
+        e.step_output_data.metadata for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT" and e.step_key == report_op
+    )
+
+
+def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) -> dict[str, float]:
     from ..stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
     gitlab_db = create_engine(stack_env["CI_CLEANUP_DATABASE_URL"])
@@ -152,25 +181,7 @@ def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) ->
         figures["gitlab_job_alone_s"] = time.monotonic() - started
 
         _stale_machines(gitlab_db, machines)
-        gitlab_started = time.monotonic()
-        beside = _gitlab_job(stack_env, workdir)
-        gitlab_ended = []  # when the GitLab job's process exits, seen by a thread while the prune runs here
-        waiter = threading.Thread(target=lambda: gitlab_ended.append((beside.wait(), time.monotonic())))
-        waiter.start()
-        started = time.monotonic()
-        result = prune_dagster_history.execute_in_process(resources=resources, instance=instance)
-        prune_ended = time.monotonic()
-        figures["prune_s"] = prune_ended - started
-        waiter.join()
-        gitlab_returncode, ended = gitlab_ended[0]
-        figures["gitlab_job_beside_s"] = ended - gitlab_started
-        figures["gitlab_job_ended_before_prune"] = float(ended < prune_ended)
-        if gitlab_returncode != 0:
-            raise RuntimeError(f"stale_runner_machines_cleanup failed beside the prune: {beside.stderr.read()[-2000:]}")
-        report = next(
-            e.step_output_data.metadata for e in result.all_events
-            if e.event_type_value == "STEP_OUTPUT" and e.step_key == "prune_runs"
-        )
+        report = _prune_beside_gitlab_job(stack_env, workdir, resources, instance, figures)
         figures["runs_deleted"] = report["runs_deleted"].value
         figures["events_deleted"] = report["events_deleted"].value
         figures["runs_per_s"] = figures["runs_deleted"] / figures["prune_s"]

@@ -1,8 +1,8 @@
 """Housekeeping of our own: ``prune_dagster_history`` keeps the Dagster instance's runs and events bounded.
 
-find (limits, lease, what is old) -> prune (daily totals, then batches of runs; then the run's totals,
-lease released). Dagster's open-source release has no retention for runs or event logs; its
-``retention:`` setting (dagster.yaml) covers schedule and sensor ticks only.
+find_old_runs (limits, lease, what is old) -> prune_runs (daily totals, then batches of runs) ->
+report_pruned_runs (the run's totals, lease released). Dagster's open-source release has no retention for runs or
+event logs; its ``retention:`` setting (dagster.yaml) covers schedule and sensor ticks only.
 """
 
 import contextlib
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dagster import Config, DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
+from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, observe
@@ -87,9 +87,9 @@ class PrunePlan:
 def pooled(instance: DagsterInstance) -> Iterator[DagsterInstance]:
     """The same instance with pooled connections and a statement timeout, for the deletions.
 
-    dagster-postgres opens a new connection per call (NullPool): 18 ms per deleted run against 5 ms
-    on one held connection. ``optimize_for_webserver`` is how the webserver gets that; it is applied
-    to a copy so the run's own event writes are left as they are.
+    dagster-postgres opens a new connection per call (NullPool), which costs more than a deleted run's
+    statements (docs/performance.md). ``optimize_for_webserver`` is how the webserver gets a pool; it is
+    applied to a copy so the run's own event writes are left as they are.
     """
     if instance.is_ephemeral:
         yield instance
@@ -129,16 +129,17 @@ def find_old_runs(
     )
 
 
+@dataclass(frozen=True)
+class Pruned:
+    plan: PrunePlan
+    result: service.PruneResult
+
+
 @op
-def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> None:
-    """Write the daily totals, then delete old runs batch by batch, each batch one observation on dagster/runs;
-    then give the lease back and put the run's totals on it."""
-    report_prune(context, plan, prune_batches(context, plan, gitlab_redis), gitlab_redis)
-
-
-def prune_batches(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> service.PruneResult:
+def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> Pruned:
+    """Write the daily totals, then delete old runs batch by batch, each batch one observation on dagster/runs."""
     if not plan.start.runs:
-        return service.PruneResult()
+        return Pruned(plan, service.PruneResult())
     renew_lease = LEASE.keeper(context, gitlab_redis)
 
     def on_batch(run_ids: list[str], events: int) -> None:
@@ -154,12 +155,13 @@ def prune_batches(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: Gi
     if result.resumed_run_ids:
         resumed = len(result.resumed_run_ids)
         context.log.warning(f"Finished deleting {resumed} runs whose deletion an interrupted prune run had started")
-    return result
+    return Pruned(plan, result)
 
 
-def report_prune(
-    context: OpExecutionContext, plan: PrunePlan, result: service.PruneResult, gitlab_redis: GitLabRedis
-) -> None:
+@op
+def report_pruned_runs(context: OpExecutionContext, pruned: Pruned, gitlab_redis: GitLabRedis) -> None:
+    """The run's totals, and the lease given back (a dry run's: the runs that would go)."""
+    plan, result = pruned.plan, pruned.result
     if result.time_limit_reached:
         context.log.warning(f"Stopped after {plan.max_runtime_minutes} minutes; the rest goes in the next run")
     kept = service.oldest_kept(context.instance)
@@ -182,7 +184,7 @@ def report_prune(
 
 
 prune_dagster_history, prune_dagster_history_schedule = batch_job(
-    "prune_dagster_history", linear(find_old_runs, prune_runs),
+    "prune_dagster_history", find_process_report(find_old_runs, prune_runs, report_pruned_runs),
     description="Delete the Dagster instance's finished runs and their event logs after 30 days (failed: 90), "
     "keeping each job's daily totals",
     lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease

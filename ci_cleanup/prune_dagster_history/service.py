@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from dagster import AssetKey, AssetObservation, DagsterInstance, DagsterRunStatus, RunRecord, RunsFilter
@@ -26,6 +26,7 @@ from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEven
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from sqlalchemy import func, select
 
+from ..gitlab.loop_helpers import LoopEnd, loop_until
 from ..runs import ROWS_CHANGED_TAG  # every job's headline number, summed per day
 
 KEEP_DAYS = 30
@@ -241,11 +242,11 @@ def resume_interrupted_batch(instance: DagsterInstance) -> list[str]:
 def count_events(instance: DagsterInstance, run_ids: list[str]) -> int:
     """The runs' events: one count where the event log is one table (PostgreSQL, in memory).
 
-    Reading the records to count them (the public API) deserializes every event: a third of the
-    time of a batch. Dagster's sqlite storage keeps a file per run, so there they are read.
+    Reading the records to count them (the public API) deserializes every event, a large part of a
+    batch. Dagster's sqlite storage keeps a file per run, so there they are read.
     """
-    # Imported here: the event log storage modules take a third of a second to import, which every
-    # run of every job (and the code server) would pay at start-up for this one function.
+    # Imported here: the event log storage modules are slow to import, which every run of every job
+    # (and the code server) would pay at start-up for this one function (docs/performance.md).
     from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
 
     storage = instance.event_log_storage
@@ -279,36 +280,39 @@ def prune_history(
 ) -> PruneResult:
     """Finish an interrupted batch, write the daily totals, then delete old runs batch by batch, oldest first.
 
-    No new day or batch starts once ``max_runtime`` has passed since ``clock()`` was first read;
-    runs of a day whose totals are not written yet are never deleted.
+    Each day's totals and each batch is one step of GitLab's ``loop_until``: no step starts once ``max_runtime``
+    has passed since ``clock()`` was first read; runs of a day whose totals are not written yet are never deleted.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     cutoffs = Cutoffs.at(now, keep_days, keep_failed_days)
-    deadline = clock() + max_runtime
     result = PruneResult(resumed_run_ids=resume_interrupted_batch(instance))
+    steps = _steps(instance, cutoffs, batch_size, result, on_batch)
+    end = loop_until(lambda: next(steps, False), timeout=max_runtime.total_seconds(),
+                     clock=lambda: clock().timestamp())
+    result.time_limit_reached = end is LoopEnd.TIMEOUT
+    return result
+
+
+def _steps(
+    instance: DagsterInstance, cutoffs: Cutoffs, batch_size: int, result: PruneResult,
+    on_batch: Callable[[list[str], int], None],
+) -> Iterator[bool]:
+    """The prune's work, one step per ``next``: each day's totals written, then each batch of old runs deleted."""
     for day in days_to_summarise(instance, cutoffs):
-        if clock() >= deadline:
-            result.time_limit_reached = True
-            return result
         record_day(instance, day, day_totals(instance, day))
         result.days_summarised += 1
+        yield True
     last = summarised_through(instance)
     if last is None:
-        return result  # no finished run older than the cut-off
+        return  # no finished run older than the cut-off
     until = dt.datetime(last.year, last.month, last.day, tzinfo=dt.UTC) + _ONE_DAY
     for runs_filter in _filters(cutoffs, until):
-        while True:
-            if clock() >= deadline:
-                result.time_limit_reached = True
-                return result
-            records = oldest_first(instance, runs_filter, batch_size)
-            if not records:
-                break
+        while records := oldest_first(instance, runs_filter, batch_size):
             run_ids = [r.dagster_run.run_id for r in records]
             events = delete_batch(instance, run_ids)
             result.runs_deleted += len(run_ids)
             result.events_deleted += events
             result.batch_counts.append(len(run_ids))
             on_batch(run_ids, events)
-    return result
+            yield True

@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import random
 from pathlib import Path
 
 import redis
-from sqlalchemy import func, insert, literal, select, union_all
+from sqlalchemy import func, insert, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, naive_utc
-from .service import deleted_objects_select
 
 
 def seed(
@@ -54,24 +54,27 @@ def seed(
     ])
 
 
+def hashed_store_dir(project_id: int, created_at: dt.datetime, job_id: int, artifact_id: int) -> str:
+    """Where GitLab keeps an artifact without a final path (``JobArtifactUploader#hashed_path``), as
+    delete_expired_batch.sql records it."""
+    digest = hashlib.sha256(str(project_id).encode()).hexdigest()
+    day = created_at.astimezone(dt.UTC).strftime("%Y_%m_%d")
+    return "/".join([digest[:2], digest[2:4], digest, day, str(job_id), str(artifact_id)])
+
+
 def write_stored_files(conn: Connection, schema: GitLabSchema, root: Path) -> int:
     """The stored files of the demo's local artifacts and ``ci_deleted_objects`` rows, under ``root`` where GitLab
     keeps them, so that delete_expired_artifact_files has files to remove. Each is a sparse file of its artifact's
-    size (no disk used); returns how many were written."""
-    artifacts, queued = schema.ci_job_artifacts, schema.ci_deleted_objects.c
-    stored = deleted_objects_select(artifacts)  # the paths schedule_bulk_delete_job_artifacts will queue
-    paths = stored.selected_columns
-    rows = conn.execute(union_all(
-        stored.with_only_columns(paths.file_store, paths.store_dir, paths.file, artifacts.c.size),
-        select(queued.file_store, queued.store_dir, queued.file, literal(0).label("size")),
-    )).all()
-    written = 0
-    for file_store, store_dir, file, size in rows:
-        if file_store != FILE_STORE_LOCAL:
-            continue
+    size (no disk used); returns how many were written. The demo's artifacts have no final path."""
+    a, queued = schema.ci_job_artifacts.c, schema.ci_deleted_objects.c
+    artifacts = conn.execute(select(a.id, a.project_id, a.job_id, a.created_at, a.file, a.size).where(
+        a.file_store == FILE_STORE_LOCAL, a.file_final_path.is_(None), a.file.is_not(None))).all()
+    stored = [(hashed_store_dir(r.project_id, r.created_at, r.job_id, r.id), r.file, r.size) for r in artifacts]
+    stored += conn.execute(select(queued.store_dir, queued.file, literal(0)).where(
+        queued.file_store == FILE_STORE_LOCAL)).all()
+    for store_dir, file, size in stored:
         folder = root / store_dir
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / file, "wb") as f:
             os.truncate(f.fileno(), size or 0)
-        written += 1
-    return written
+    return len(stored)

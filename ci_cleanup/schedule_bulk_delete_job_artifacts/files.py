@@ -21,10 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, Select, Text, cast, delete, func, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
+from ..gitlab.loop_helpers import loop_until
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
+from ..gitlab.sql_files import SqlFile
 
 BATCH_SIZE = 100  # GitLab's Ci::DeleteObjectsService::BATCH_SIZE
 MAX_BATCHES = 500
@@ -97,11 +98,6 @@ def _stored_file(root: Path, store_dir: str, file: str) -> Iterator[int]:
         yield fd
 
 
-def due(schema: GitLabSchema, now: dt.datetime) -> ColumnElement[bool]:
-    """``Ci::DeletedObject.ready_for_destruction``: ``pick_up_at < now``."""
-    return schema.ci_deleted_objects.c.pick_up_at < now
-
-
 @dataclass
 class FilesBatch:
     removed: list[int] = field(default_factory=list)  # row ids whose file was removed
@@ -162,56 +158,41 @@ def _file_of(
     return True
 
 
-def due_query(schema: GitLabSchema, now: dt.datetime, limit: int) -> Select:
-    """The first ``limit`` due rows, oldest ``pick_up_at`` first.
-
-    pick_up_at comes as PostgreSQL's text: a row GitLab wrote with a year-1 or BC pick_up_at has no
-    Python datetime, and must not stop every run.
-    """
-    d = schema.ci_deleted_objects
-    pick_up_at = cast(d.c.pick_up_at, Text).label("pick_up_at")
-    return (
-        select(d.c.id, d.c.file_store, d.c.store_dir, d.c.file, pick_up_at)
-        .where(due(schema, now)).order_by(d.c.pick_up_at, d.c.id).limit(limit)
-    )
+NEXT_DUE = SqlFile(__package__, "next_due_deleted_objects.sql")
+PREVIEW_DUE = SqlFile(__package__, "preview_due_deleted_objects.sql")
+DELETE_REMOVED = SqlFile(__package__, "delete_removed_deleted_objects.sql")
+COUNT_DUE = SqlFile(__package__, "count_due_deleted_objects.sql")
+FIRST_PAGE = ("-infinity", 0)  # before every (pick_up_at, id)
 
 
 def destroy_batch(
-    engine: Engine, schema: GitLabSchema, root: Path | None, now: dt.datetime, after: tuple | None, batch_size: int,
-    report_error: Callable[[int, BaseException], None],
-) -> tuple[FilesBatch, tuple | None]:
-    """One transaction: lock the next due rows, remove their files, delete the rows whose file is gone.
-
-    Rows are paged by ``(pick_up_at, id)`` so a row that is left is not taken again in the same run.
-    Returns the batch and the page key to continue after (None when no row was left to take).
-    """
-    d = schema.ci_deleted_objects
-    query = due_query(schema, now, batch_size).with_for_update(skip_locked=True)
-    if after is not None:
-        query = query.where(tuple_(d.c.pick_up_at, d.c.id) > after)
+    conn: Connection, schema: GitLabSchema, root: Path | None, now: dt.datetime, after: tuple[str, int],
+    batch_size: int, report_error: Callable[[int, BaseException], None],
+) -> tuple[FilesBatch, tuple[str, int] | None]:
+    """One transaction: lock the next due rows after the page key ``after``, remove their files, delete the rows
+    whose file is gone. Returns the batch and the page key to continue after (None when no row was left to take)."""
     batch = FilesBatch()
-    with engine.begin() as conn:
-        objects = conn.execute(query).all()
+    with conn.begin():
+        page = {"now": now, "after_pick_up_at": after[0], "after_id": after[1], "limit": batch_size}
+        objects = conn.execute(NEXT_DUE.on(schema, conn.dialect), page).all()
         if not objects:
             return batch, None
         gone = [obj.id for obj in objects if _file_of(root, obj, batch, remove_file, report_error)]
         if gone:
-            conn.execute(delete(d).where(d.c.id.in_(gone)))
+            conn.execute(DELETE_REMOVED.on(schema, conn.dialect), {"ids": gone})
     last = objects[-1]
     return batch, (last.pick_up_at, last.id)
 
 
 def count_due(conn: Connection, schema: GitLabSchema, now: dt.datetime) -> dict[int, int]:
     """Due rows per ``file_store`` (dry run and planning)."""
-    d = schema.ci_deleted_objects
-    counts = select(d.c.file_store, func.count()).where(due(schema, now)).group_by(d.c.file_store)
-    return dict(conn.execute(counts).all())
+    return dict(conn.execute(COUNT_DUE.on(schema, conn.dialect), {"now": now}).all())
 
 
 def preview(conn: Connection, schema: GitLabSchema, root: Path | None, now: dt.datetime, limit: int) -> FilesBatch:
     """Dry run: what a run would do with the first ``limit`` due rows, touching nothing."""
     batch = FilesBatch()
-    for obj in conn.execute(due_query(schema, now, limit)):
+    for obj in conn.execute(PREVIEW_DUE.on(schema, conn.dialect), {"now": now, "limit": limit}):
         _file_of(root, obj, batch, find_file, lambda row_id, error: None)
     return batch
 
@@ -227,14 +208,22 @@ def delete_expired_artifact_files(
     report_error: Callable[[int, BaseException], None] = lambda row_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
 ) -> FilesResult:
-    """Drain the due rows, batch after batch, until none is left or ``max_batches`` is reached."""
+    """Drain the due rows, batch after batch, until none is left or ``max_batches`` is reached, on the run's one
+    connection. Not an autocommit one: a batch is a transaction of several statements (its rows stay locked while
+    their files are removed)."""
     result = FilesResult()
     started = now()  # one cut-off for the run, so paging by pick_up_at ends
-    after = None
-    while result.batches < max_batches:
-        batch, after = destroy_batch(engine, schema, root, started, after, batch_size, report_error)
+    after: tuple[str, int] | None = FIRST_PAGE
+
+    def batch() -> bool:
+        nonlocal after
+        done, after = destroy_batch(conn, schema, root, started, after, batch_size, report_error)
         if after is None:
-            return result
-        result.add(batch)
-        on_batch(batch)
+            return False
+        result.add(done)
+        on_batch(done)
+        return True
+
+    with engine.connect() as conn:
+        loop_until(batch, limit=max_batches)
     return result

@@ -1,38 +1,30 @@
-"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` on Dagster: the bucket scheduler, its bucket workers as parallel
-threads of one op, and the stored files' removal.
+"""``Ci::ScheduleBulkDeleteJobArtifactCronWorker`` on Dagster, and the stored files' removal.
 
 ``schedule_bulk_delete_job_artifacts``: schedule_buckets (flags, stale and missing buckets) -> run_bucket_workers
-(GitLab's ``perform_with_capacity``: max_buckets workers at once, each claiming its bucket and deleting the bucket's
-expired artifacts; then the run's totals). The whole run is one process on the code location's in-process executor:
-a process per worker would pay Dagster's start-up again (seconds of a run with nothing to do), and the workers
-wait on PostgreSQL, not on Python, so threads run them side by side as well.
+(GitLab's ``perform_with_capacity``, :mod:`ci_cleanup.gitlab.limited_capacity`) -> report_destroyed_job_artifacts.
+The workers are threads of one op in the run's process: they wait on PostgreSQL, not on Python, and a process each
+would pay Dagster's start-up again.
 
-GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: workers may run one after
-another (a thread with nothing to do can be done before the next one starts), and a worker taking "any" would
-often re-take the bucket the previous one just released and leave others unprocessed. A bucket another process
-holds is simply not processed by this run, as in GitLab. Free members at or above max_buckets (left by a
-scale-down) or not written as GitLab writes them ("007") are retired by schedule_buckets in one step,
-so a run never has more than max_buckets workers.
+GitLab's workers take any free bucket (SPOP). Here worker i asks for bucket i: a worker with nothing to do may be
+done before the next one starts, and one taking "any" would often re-take the bucket just released and leave others
+unprocessed. A bucket another process holds is not processed by this run, as in GitLab. Free members at or above
+max_buckets (a scale-down) or not written as GitLab writes them ("007") are retired by schedule_buckets, so a run
+never has more than max_buckets workers.
 
 ``delete_expired_artifact_files``: drains ``ci_deleted_objects`` (GitLab's ``Ci::DeleteObjectsWorker``).
 """
 
 import datetime as dt
 import os
-import queue
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
 
-from ..batch import RunMode, Start, batch_job, finish, linear, skipped, start
-from ..gitlab import artifact_buckets
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, skipped, start
+from ..gitlab import artifact_buckets, limited_capacity
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, table, track_exception
@@ -61,9 +53,7 @@ class BulkDeleteJobArtifactsConfig(Config):
 @dataclass(frozen=True)
 class BulkDeletePlan:
     start: Start
-    batch_size: int = service.BATCH_SIZE
-    max_batches: int = service.MAX_BATCHES
-    max_runtime_seconds: int = int(service.MAX_RUNTIME.total_seconds())
+    limits: service.Limits = service.Limits()
     buckets: artifact_buckets.ScheduledBuckets | None = None
     # dry run only: bucket -> (expired deletable artifacts, their first ids)
     would_delete: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
@@ -99,20 +89,18 @@ def schedule_buckets(
         with gitlab_db.engine_for(schema.ci_job_artifacts).connect() as conn:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = dict(
-        batch_size=config.batch_size, max_batches=config.max_batches, max_runtime_seconds=config.max_runtime_seconds
-    )
+    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds))
     if not flags.enabled:
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
         off = skipped(f"{service.FEATURE_FLAG} disabled")
         context.add_output_metadata({**gitlab_tables, **off.metadata})
-        return BulkDeletePlan(off, **limits)
+        return BulkDeletePlan(off, limits)
     if begun.mode is RunMode.DRY_RUN:
         buckets = artifact_buckets.preview_schedule(gitlab_redis.artifact_buckets, flags.max_buckets, now)
         context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata,
                                      **gitlab_redis.store_used("artifact_buckets")})
-        return BulkDeletePlan(begun, buckets=buckets, would_delete=would_delete, **limits)
+        return BulkDeletePlan(begun, limits, buckets, would_delete)
     buckets = artifact_buckets.schedule(gitlab_redis.artifact_buckets, flags.max_buckets, now)
     if buckets.stray_count:
         context.log.warning(
@@ -122,114 +110,65 @@ def schedule_buckets(
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata,
                                  **gitlab_redis.store_used("artifact_buckets")})
-    return BulkDeletePlan(begun, buckets=buckets, **limits)
+    return BulkDeletePlan(begun, limits, buckets)
 
 
 STOPPING = "Run interrupted, stopping the bucket workers"
 
 
-class BucketWorkerFailed(RuntimeError):
+class BucketWorkerFailed(limited_capacity.WorkersFailed):
     """A bucket worker raised; its bucket stays occupied until stale recovery (the other workers finished)."""
+
+    what = "bucket worker"
+    note = " (a claimed bucket stays occupied until stale recovery, 10 minutes)"
+
+
+@dataclass(frozen=True)
+class BucketWorkersDone:
+    plan: BulkDeletePlan
+    results: list[service.WorkerResult]  # by bucket; none when the run had no workers to run
 
 
 @op
 def run_bucket_workers(
     context: OpExecutionContext, plan: BulkDeletePlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> None:
-    """max_buckets ``BulkDeleteExpiredJobArtifactsWorker``s at once, worker i on bucket i, each a thread with its
-    own connection; then the cron worker's end-of-run log line and the run's totals."""
-    report_bulk_delete(context, plan, bucket_workers(context, plan, gitlab_db, gitlab_redis))
-
-
-def bucket_workers(
-    context: OpExecutionContext, plan: BulkDeletePlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> list[service.WorkerResult]:
-    """The workers' run.
-
-    Only this op's thread calls Dagster: the workers hand it their batches and their ends through a queue,
-    which it reads while they run (observations at BatchObserver's bounded rate, a log line per worker). A
-    worker that raises keeps its bucket occupied until stale recovery, as a dead GitLab worker does; the others
-    finish their work, then the op fails naming the bucket. A terminated run (Dagster interrupts this thread)
-    sets ``stop``: each worker stops before its next batch, and the op waits for them before it ends. A batch
-    is one statement, never half done.
-    """
+) -> BucketWorkersDone:
+    """``BulkDeleteExpiredJobArtifactsWorker.perform_with_capacity``: max_buckets workers at once, worker i on bucket
+    i, each a thread with its own connection; the batches observed on ci_job_artifacts as they go."""
     if not plan.start.runs:
-        return []
-    workers = plan.buckets.max_buckets
-    client, schema = gitlab_redis.artifact_buckets, gitlab_db.schema
-    max_runtime = dt.timedelta(seconds=plan.max_runtime_seconds)
-    # From the workers: (bucket, DeletedBatch) after each batch, then (bucket, WorkerResult or the error raised).
-    handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
-    stop = threading.Event()
+        return BucketWorkersDone(plan, [])
+    workers, schema = plan.buckets.max_buckets, gitlab_db.schema
     observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
-
-    def work(engine: Engine, flags_engine: Engine | None, bucket: int) -> None:
-        try:
-            handed_over.put((bucket, service.run_bucket_worker(
-                engine, client, schema, bucket=bucket, batch_size=plan.batch_size, max_batches=plan.max_batches,
-                max_runtime=max_runtime, on_batch=lambda claimed, batch: handed_over.put((claimed, batch)),
-                stop=stop, flags_engine=flags_engine, with_rows=lambda: observer.wants_rows,
-            )))
-        except BaseException as error:  # the op's thread logs it, and fails once every worker is done
-            handed_over.put((bucket, error))
-
-    ended: dict[int, service.WorkerResult | BaseException] = {}
-
-    def take(bucket: int, item: object) -> None:
-        """One item from the queue, and every other one already there: the workers that ended together are logged
-        in one event (a line each), as five idle workers do; each event costs a write to the instance."""
-        done: dict[int, service.WorkerResult | BaseException] = {}
-        while True:
-            if not isinstance(item, service.DeletedBatch):
-                done[bucket] = item
-            elif item.count:  # a worker's last, empty batch is how it learns its bucket is empty: nothing to observe
-                observer.add(
-                    {"destroyed_job_artifacts_count": item.count, "size": item.size,
-                     "deleted_objects": item.deleted_objects},
-                    # Without its ids: a batch the workers began while this observation's table was full.
-                    ({"mod_bucket": bucket, "artifact_id": i} for i in item.ids or ()),
-                )
-            try:
-                bucket, item = handed_over.get_nowait()
-            except queue.Empty:
-                break
-        ended.update(done)
-        _log_workers(context, done)
-
-    # Each worker holds one connection for its whole run, so the op needs max_buckets of them at once (5, or 10
-    # with the high-concurrency flag): an engine of exactly that many for this op, closed when it ends, rather
-    # than the run's engine (pool_size, 2 by default), which stays small for the ops that use one.
-    # Each worker reads GitLab's flags in main (feature_gates) and deletes in ci: a connection to each when GitLab is
-    # decomposed; on one database, each batch's own statement reads them (five connections fewer per run, and a round
-    # trip fewer per batch).
+    # Each worker holds a connection for its whole run: an engine of exactly that many for this op. It reads GitLab's
+    # flags in main and deletes in ci: a connection to each when decomposed; on one database, each batch reads them.
     artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
     flags = gitlab_db.dedicated_engine(schema.feature_gates, workers) if gitlab_db.decomposed else nullcontext()
-    with observer, artifacts as engine, flags as flags_engine, ThreadPoolExecutor(workers, "bucket_worker") as pool:
-        try:
-            for bucket in range(workers):
-                pool.submit(work, engine, flags_engine, bucket)
-            while len(ended) < workers:
-                take(*handed_over.get())
-        except BaseException:  # the run is terminated (Dagster interrupts this thread)
-            stop.set()
-            context.log.warning(f"{STOPPING}: each ends the batch it is in and starts no other")
-            pool.shutdown(cancel_futures=True)  # each worker ends the batch it is in; none starts another
-            if not handed_over.empty():
-                take(*handed_over.get_nowait())  # where each one stopped, in the run's log
-            raise
-    failed = {b: e for b, e in sorted(ended.items()) if isinstance(e, BaseException)}
-    if failed:
-        by_cause: dict[str, list[str]] = {}  # workers that lost the same server fail alike: name the cause once
-        for b, e in failed.items():
-            by_cause.setdefault(_cause(e), []).append(str(b))
-        raise BucketWorkerFailed(
-            "; ".join(f"bucket worker{'s' * (len(b) > 1)} {', '.join(b)} failed: {c}" for c, b in by_cause.items())
-            + " (a claimed bucket stays occupied until stale recovery, 10 minutes)"
-        ) from next(iter(failed.values()))
-    results = [ended[b] for b in range(workers)]
-    context.add_output_metadata({"bucket_workers": table([_worker_row(b, r) for b, r in enumerate(results)],
-                                                         WORKER_COLUMNS)})
-    return results
+    with observer, artifacts as engine, flags as flags_engine:
+
+        def perform_work(bucket: int, hand_over, stop) -> service.WorkerResult:
+            return service.run_bucket_worker(
+                engine, gitlab_redis.artifact_buckets, schema, bucket=bucket, limits=plan.limits,
+                hooks=service.Hooks(on_batch=lambda claimed, batch: hand_over(batch), stop=stop),
+                flags_engine=flags_engine,
+            )
+
+        results = limited_capacity.perform_with_capacity(workers, perform_work, limited_capacity.Hooks(
+            on_progress=lambda bucket, batch: _observe(observer, bucket, batch),
+            on_ended=lambda ended: _log_workers(context, ended),
+            on_stopping=lambda: context.log.warning(f"{STOPPING}: each ends the batch it is in and starts no other"),
+        ), BucketWorkerFailed)
+    rows = [_worker_row(bucket, result) for bucket, result in enumerate(results)]
+    context.add_output_metadata({"bucket_workers": table(rows, WORKER_COLUMNS)})
+    return BucketWorkersDone(plan, results)
+
+
+def _observe(observer: BatchObserver, bucket: int, batch: service.DeletedBatch) -> None:
+    if batch.count:  # a worker's last, empty batch is how it learns its bucket is empty: nothing to observe
+        observer.add(
+            {"destroyed_job_artifacts_count": batch.count, "size": batch.size,
+             "deleted_objects": batch.deleted_objects},
+            ({"mod_bucket": bucket, "artifact_id": i} for i in batch.ids),
+        )
 
 
 def _worker_row(bucket: int, result: service.WorkerResult) -> dict:
@@ -242,21 +181,13 @@ def _worker_row(bucket: int, result: service.WorkerResult) -> dict:
     }
 
 
-def _cause(error: BaseException) -> str:
-    """The error in one line: a database error's own message, without SQLAlchemy's copy of the statement (the
-    whole error stays the failure's cause)."""
-    if isinstance(error, DBAPIError) and error.orig is not None:
-        error = error.orig
-    return f"{type(error).__name__}: {str(error).strip()}"
-
-
 def _log_workers(context: OpExecutionContext, ended: dict[int, service.WorkerResult | BaseException]) -> None:
     """The seed's log line of each worker (``log_extra_metadata_on_done``): the lines of those that ended together
-    in one event; a failure in an event of its own, at error level."""
+    in one event (each event is a write to the instance); a failure in an event of its own, at error level."""
     lines = []
     for bucket, result in sorted(ended.items()):
         if isinstance(result, BaseException):
-            context.log.error(f"Bucket worker {bucket} failed: {_cause(result)}")
+            context.log.error(f"Bucket worker {bucket} failed: {limited_capacity.cause(result)}")
         elif result.mod_bucket is None:
             lines.append(f"Bucket {bucket} is not available (occupied by another worker); nothing to do")
         else:
@@ -271,8 +202,10 @@ def _log_workers(context: OpExecutionContext, ended: dict[int, service.WorkerRes
         context.log.info("\n".join(lines))
 
 
-def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, results: list[service.WorkerResult]) -> None:
-    """The cron worker's end-of-run log line, and the run's totals."""
+@op
+def report_destroyed_job_artifacts(context: OpExecutionContext, done: BucketWorkersDone) -> None:
+    """The cron worker's end-of-run log line, and the run's totals (a dry run's: what each bucket would lose)."""
+    plan, results = done.plan, done.results
     destroyed = sum(r.destroyed_job_artifacts_count for r in results)
     would = plan.would_delete
     metadata = {
@@ -295,7 +228,8 @@ def report_bulk_delete(context: OpExecutionContext, plan: BulkDeletePlan, result
 
 
 schedule_bulk_delete_job_artifacts, schedule_bulk_delete_job_artifacts_schedule = batch_job(
-    "schedule_bulk_delete_job_artifacts", linear(schedule_buckets, run_bucket_workers),
+    "schedule_bulk_delete_job_artifacts",
+    find_process_report(schedule_buckets, run_bucket_workers, report_destroyed_job_artifacts),
     description="Delete expired job artifacts in parallel buckets "
     "(Ci::ScheduleBulkDeleteJobArtifactCronWorker and its BulkDeleteExpiredJobArtifactsWorkers)",
     seed="004",
@@ -372,29 +306,36 @@ def _files_counts(batch: files.FilesBatch) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class FilesRemoved:
+    plan: FilesPlan
+    result: files.FilesResult
+
+
 @op
-def remove_expired_artifact_files(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> None:
-    """Remove the due local files and their rows, 100 at a time; then the run's totals."""
-    report_removed_artifact_files(context, plan, remove_batches(context, plan, gitlab_db))
-
-
-def remove_batches(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase) -> files.FilesResult:
+def remove_expired_artifact_files(
+    context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitLabDatabase
+) -> FilesRemoved:
+    """Remove the due local files and their rows, 100 at a time, each batch observed on ci_deleted_objects."""
     if not plan.start.runs:
-        return files.FilesResult()
+        return FilesRemoved(plan, files.FilesResult())
     root = Path(plan.root) if plan.root else None
 
     def report_error(row_id: int, error: BaseException) -> None:
         track_exception(context, error, ci_deleted_object_id=row_id)
 
     with BatchObserver(context, DELETED_OBJECTS) as observer:
-        return files.delete_expired_artifact_files(
+        return FilesRemoved(plan, files.delete_expired_artifact_files(
             gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema,
             root, batch_size=plan.batch_size, max_batches=plan.max_batches,
             on_batch=lambda batch: observer.add(_files_counts(batch)), report_error=report_error,
-        )
+        ))
 
 
-def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, result: files.FilesResult) -> None:
+@op
+def report_removed_artifact_files(context: OpExecutionContext, removed: FilesRemoved) -> None:
+    """The run's totals: files removed, rows left and why (a dry run's: what a run would remove, leave and refuse)."""
+    plan, result = removed.plan, removed.result
     finish(
         context, plan.start,
         {
@@ -416,7 +357,7 @@ def report_removed_artifact_files(context: OpExecutionContext, plan: FilesPlan, 
 
 delete_expired_artifact_files, delete_expired_artifact_files_schedule = batch_job(
     "delete_expired_artifact_files",
-    linear(plan_artifact_file_removal, remove_expired_artifact_files),
+    find_process_report(plan_artifact_file_removal, remove_expired_artifact_files, report_removed_artifact_files),
     description="Remove the stored files of deleted artifacts (ci_deleted_objects, GitLab's Ci::DeleteObjectsWorker)",
     seed="004", max_runtime_seconds=FILES_MAX_RUNTIME_SECONDS, cron="*/10 * * * *",
 )
