@@ -11,12 +11,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+import signal
 from dataclasses import dataclass
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
+from ci_cleanup.cli import main
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
@@ -334,3 +336,23 @@ def test_a_release_without_a_column_no_job_uses_runs_and_one_a_job_uses_is_named
                        "(ci_cleanup never creates or alters tables in it): column ci_runner_machines.contacted_at is "
                        "missing\n")
 
+
+
+def test_ci_cleanup_schema_create_makes_a_release_from_the_packaged_files(stack, tmp_path, monkeypatch, capsys):
+    """``ci-cleanup schema create --release`` (the entry point in this process): the release's own layout."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # main sets its own
+    with scratch_database_of(stack) as url:
+        monkeypatch.setenv("CI_CLEANUP_DATABASE_URL", url)
+        try:
+            main(["--data-dir", str(tmp_path), "schema", "create", "--release", "18.y"])
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            tables = conn.execute(text(
+                "SELECT to_regclass('public.ci_builds') IS NULL, to_regclass('p_ci_builds') IS NOT NULL, "
+                "to_regclass('gitlab_partitions_dynamic.ci_builds_100') IS NOT NULL")).one()
+        engine.dispose()
+    assert tuple(tables) == (True, True, True)
+    assert "Creating the GitLab schema (18.y)" in capsys.readouterr().out
