@@ -22,7 +22,16 @@ from ci_cleanup.cli import main
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
-from ci_cleanup.gitlab.schema import GitLabSchema, create_schema, ddl, detect_tables, truncate_all
+from ci_cleanup.gitlab.schema import (
+    GitLabSchema,
+    SchemaMismatch,
+    create_schema,
+    ddl,
+    detect_tables,
+    require_columns,
+    truncate_all,
+    where_present,
+)
 from ci_cleanup.gitlab.sidekiq_status import status_key
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     delete_expired_artifact_files,
@@ -134,6 +143,20 @@ def assert_release_metadata(result, op: str, db: ReleaseDb) -> None:
 def test_each_release_is_detected_as_vendored(release_db):
     assert release_db.release == EXPECTED[release_db.name]
     assert release_db.release.layout == LAYOUTS[release_db.name]
+
+
+def test_a_column_used_where_present_is_required_nowhere_and_checked_where_there(release_db):
+    e = release_db.schema.environments
+    with release_db.engine.connect() as conn:
+        assert require_columns(conn, [e], {e.name: ("id", where_present("auto_stop_setting"))}) == ["environments"]
+        if release_db.has("environments_auto_stop_setting"):
+            conn.execute(text("ALTER TABLE environments ALTER COLUMN auto_stop_setting TYPE text"))
+            with pytest.raises(SchemaMismatch, match="environments.auto_stop_setting is TEXT, expected SMALLINT"):
+                require_columns(conn, [e], {e.name: (where_present("auto_stop_setting"),)})
+            conn.rollback()
+        else:
+            with pytest.raises(SchemaMismatch, match=r"it\): column environments.auto_stop_setting is missing$"):
+                require_columns(conn, [e], {e.name: ("id", "auto_stop_setting")})
 
 
 BUILD = dict(partition_id=100, project_id=7, commit_id=4242, type="Ci::Build", lock_version=0)
