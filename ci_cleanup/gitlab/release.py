@@ -111,7 +111,7 @@ class Release:
         if not self.runner_machines:
             lacks.append("no ci_runner_machines table")
         return (f"This GitLab is older than {OLDEST_SUPPORTED}, the oldest release ci_cleanup supports: "
-                f"{', '.join(lacks)}. Nothing was read or changed")
+                f"{', '.join(lacks)}. No row was read or changed")
 
     def metadata(self) -> dict[str, object]:
         """For a run's metadata: the layout and every feature detected."""
