@@ -8,26 +8,35 @@ xfail(strict=True) naming what is missing: the list of cases left. A GitLab olde
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
+import os
 import re
+import shutil
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 
 from ci_cleanup.cli import main
+from ci_cleanup.devstack import PgBouncer
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
 from ci_cleanup.gitlab.schema import (
+    CI_DATABASE,
+    MAIN_DATABASE,
     GitLabSchema,
     SchemaMismatch,
     create_schema,
+    database_of,
     ddl,
     detect_tables,
+    lock_writes,
     require_columns,
     truncate_all,
     where_present,
@@ -66,30 +75,52 @@ NOT_YET = {
 
 @dataclass(frozen=True)
 class ReleaseDb:
+    """A release's database(s): one, or (``18.y-deployed``) main and ci, reached by the jobs through PgBouncer."""
+
     name: str
+    stack: object  # the embedded stack: its Redis
     url: str
     engine: Engine
     schema: GitLabSchema
     release: Release
+    ci_url: str | None = None
+    ci_engine: Engine | None = None
+
+    @property
+    def base(self) -> str:
+        """The vendored release this one is (the deployed newest is 18.y)."""
+        return self.name.removesuffix(DEPLOYED)
 
     def has(self, feature: str) -> bool:
         return self.release.features[feature]
 
+    def engine_of(self, table: str) -> Engine:
+        """The engine holding ``table``'s rows (the database's name for it)."""
+        ci = database_of(self.schema.metadata.tables[table]) == CI_DATABASE
+        return self.ci_engine if ci and self.ci_engine is not None else self.engine
+
     def insert(self, table: str, **values) -> int:
         """One row of ``table`` (GitLabSchema's name) with only these columns; its id."""
-        columns = ", ".join(f'"{column}"' for column in values)
-        with self.engine.begin() as conn:
+        name, columns = getattr(self.schema, table).name, ", ".join(f'"{column}"' for column in values)
+        with self.engine_of(name).begin() as conn:
             return conn.scalar(text(
-                f'INSERT INTO {getattr(self.schema, table).name} ({columns}) '
-                f'VALUES ({", ".join(f":{column}" for column in values)}) RETURNING id'), values)
+                f'INSERT INTO {name} ({columns}) VALUES ({", ".join(f":{column}" for column in values)}) RETURNING id'),
+                values)
 
     def rows(self, sql: str) -> list[tuple]:
-        with self.engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(text(sql.format(**self.names)))]
+        """``sql``'s rows, read in the database of the table it reads (its ``FROM``)."""
+        sql = sql.format(builds=self.schema.ci_builds.name, artifacts=self.schema.ci_job_artifacts.name)
+        with self.engine_of(re.search(r"FROM (\w+)", sql).group(1)).connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql))]
 
-    @property
-    def names(self) -> dict[str, str]:
-        return {"builds": self.schema.ci_builds.name, "artifacts": self.schema.ci_job_artifacts.name}
+    def run(self, job, **kwargs):
+        return run_job(job, self.stack, database_url=self.url, ci_database_url=self.ci_url, **kwargs)
+
+    def empty(self) -> None:
+        for database, engine in ((MAIN_DATABASE, self.engine), (CI_DATABASE, self.ci_engine)):
+            if engine is not None:
+                with engine.begin() as conn:
+                    truncate_all(conn, self.schema, database=database if self.ci_engine else None)
 
 
 def gitlab_17_0(engine: Engine) -> None:
@@ -106,48 +137,90 @@ def gitlab_17_0(engine: Engine) -> None:
             conn.execute(text(statement))
 
 
-@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y"])
-def release_db(request, stack):
+DEPLOYED = "-deployed"
+
+
+def _detected(engine: Engine, ci_engine: Engine | None = None) -> tuple[GitLabSchema, Release]:
+    """The schema and the release, each table's facts read in the database that holds its rows."""
+    with (ci_engine or engine).connect() as conn:
+        schema = detect_tables(conn)
+    facts = []
+    for database, own in ((MAIN_DATABASE, engine), (CI_DATABASE, ci_engine or engine)):
+        fields = [f for f in RELEASE_TABLES if ci_engine is None or database_of(getattr(schema, f)) == database]
+        with own.connect() as conn:
+            facts.append(read_catalog(conn, schema, fields))
+    return schema, detect_release(facts)
+
+
+@contextlib.contextmanager
+def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
+    """18.y as deployed: main and ci, 18.y's DDL in both, GitLab's lock-writes triggers on the other's tables, the
+    jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
+    if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is not installed: .ci/run installs Debian's pgbouncer")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with scratch_database_of(stack) as main_url, scratch_database_of(stack) as ci_url:
+        engines = {}
+        for database, url in ((MAIN_DATABASE, main_url), (CI_DATABASE, ci_url)):
+            engines[database] = create_engine(url)
+            create_schema(engines[database], release="18.y")
+            with engines[database].begin() as conn:
+                lock_writes(conn, database)
+        pools = {"release_main": (make_url(main_url).database, 2), "release_ci": (make_url(ci_url).database, 2)}
+        with PgBouncer.of_stack(stack, data_dir, pools) as bouncer:
+            schema, release = _detected(engines[MAIN_DATABASE], engines[CI_DATABASE])
+            yield ReleaseDb("18.y" + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
+                            release, bouncer.url("release_ci"), engines[CI_DATABASE])
+        for engine in engines.values():
+            engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "18.y" + DEPLOYED])
+def release_db(request, stack, servers_dir):
+    if request.param.endswith(DEPLOYED):
+        with deployed_newest(stack, servers_dir / "release_pgbouncer") as db:
+            yield db
+        return
     with scratch_database_of(stack) as url:
         engine = create_engine(url)
         if request.param == GITLAB_17_0:
             gitlab_17_0(engine)
         else:
             create_schema(engine, release=request.param)
-        with engine.connect() as conn:
-            schema = detect_tables(conn)
-            release = detect_release([read_catalog(conn, schema, RELEASE_TABLES)])
-        yield ReleaseDb(request.param, url, engine, schema, release)
+        yield ReleaseDb(request.param, stack, url, engine, *_detected(engine))
         engine.dispose()
 
 
 @pytest.fixture
 def db(request, release_db, redis_client) -> ReleaseDb:
-    """The release's database emptied; the case marked xfail where :data:`NOT_YET` says it cannot pass yet."""
+    """The release's database(s) emptied; the case marked xfail where :data:`NOT_YET` says it cannot pass yet."""
     job = request.node.originalname.removeprefix("test_").split("__")[0]
-    if (job, release_db.name) in NOT_YET:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_YET[job, release_db.name]))
-    with release_db.engine.begin() as conn:
-        truncate_all(conn, release_db.schema)
+    if (job, release_db.base) in NOT_YET:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_YET[job, release_db.base]))
+    release_db.empty()
     return release_db
 
 
 def assert_release_metadata(result, op: str, db: ReleaseDb) -> None:
     metadata = op_metadata(result, op)
-    assert metadata["gitlab_layout"] == LAYOUTS[db.name]
-    assert metadata["gitlab_release_like"] == [name for name, known in KNOWN.items() if known == EXPECTED[db.name]]
-    assert db.name in metadata["gitlab_release_like"] or db.name not in KNOWN
+    assert metadata["gitlab_layout"] == LAYOUTS[db.base]
+    assert metadata["gitlab_release_like"] == [name for name, known in KNOWN.items() if known == EXPECTED[db.base]]
+    assert db.base in metadata["gitlab_release_like"] or db.base not in KNOWN
     assert metadata["gitlab_features"]["environments_auto_stop_setting"] == db.has("environments_auto_stop_setting")
+    # Deployed: each table used in its own database.
+    assert metadata["gitlab_databases"] == {
+        t: database_of(db.schema.metadata.tables[t]) if db.ci_url else MAIN_DATABASE for t in metadata["gitlab_tables"]}
 
 
 def test_each_release_is_detected_as_vendored(release_db):
-    assert release_db.release == EXPECTED[release_db.name]
-    assert release_db.release.layout == LAYOUTS[release_db.name]
+    assert release_db.release == EXPECTED[release_db.base]
+    assert release_db.release.layout == LAYOUTS[release_db.base]
 
 
 def test_a_column_used_where_present_is_required_nowhere_and_checked_where_there(release_db):
     e = release_db.schema.environments
-    with release_db.engine.connect() as conn:
+    with release_db.engine_of("environments").connect() as conn:
         assert require_columns(conn, [e], {e.name: ("id", where_present("auto_stop_setting"))}) == ["environments"]
         if release_db.has("environments_auto_stop_setting"):
             conn.execute(text("ALTER TABLE environments ALTER COLUMN auto_stop_setting TYPE text"))
@@ -162,7 +235,7 @@ def test_a_column_used_where_present_is_required_nowhere_and_checked_where_there
 BUILD = dict(partition_id=100, project_id=7, commit_id=4242, type="Ci::Build", lock_version=0)
 
 
-def test_drop_canceling_builds(db, stack):
+def test_drop_canceling_builds(db):
     old = naive_ago(hours=2)
     outdated = db.insert("ci_builds", name="rspec", status="canceling", created_at=old, updated_at=old, **BUILD)
     touched = db.insert("ci_builds", name="rspec", status="canceling", created_at=old,
@@ -173,7 +246,7 @@ def test_drop_canceling_builds(db, stack):
         db.insert("ci_pending_builds", build_id=build, **queue)
     db.insert("ci_running_builds", build_id=outdated, runner_id=3, runner_type=1, **queue)
 
-    result = run_job(drop_canceling_builds, stack, database_url=db.url)
+    result = db.run(drop_canceling_builds)
 
     assert db.rows("SELECT id, status, failure_reason FROM {builds} ORDER BY id") == [
         (outdated, "failed", 3), (touched, "canceling", None), (running, "running", None)]
@@ -182,7 +255,7 @@ def test_drop_canceling_builds(db, stack):
     assert_release_metadata(result, "find_canceling_builds", db)
 
 
-def test_stale_runner_machines_cleanup(db, stack):
+def test_stale_runner_machines_cleanup(db):
     # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y) by GitLab's checks.
     kind = {"runner_type": 1} if db.has("runner_machines_runner_type") else {}
 
@@ -193,14 +266,14 @@ def test_stale_runner_machines_cleanup(db, stack):
 
     stale, contacted, young = machine(8), machine(8, contacted=1), machine(1)
 
-    result = run_job(stale_runner_machines_cleanup, stack, database_url=db.url)
+    result = db.run(stale_runner_machines_cleanup)
 
     assert db.rows("SELECT id FROM ci_runner_machines ORDER BY id") == [(contacted,), (young,)]
     assert op_metadata(result, "delete_stale_runner_machines")["total_deleted"] == 1 and stale < contacted
     assert_release_metadata(result, "find_stale_runner_machines", db)
 
 
-def test_stuck_export_jobs(db, stack, redis_client):
+def test_stuck_export_jobs(db, redis_client):
     def export(jid: str, status: int, hours: int) -> int:
         return db.insert("project_export_jobs", project_id=1, jid=jid, status=status,
                          created_at=ago(hours=hours), updated_at=ago(hours=hours))
@@ -213,13 +286,13 @@ def test_stuck_export_jobs(db, stack, redis_client):
               created_at=ago(hours=1), updated_at=ago(hours=1))
     redis_client.set(status_key("jid-alive"), 1, ex=30 * 60)
 
-    run_job(stuck_export_jobs, stack, database_url=db.url)
+    db.run(stuck_export_jobs)
 
     assert db.rows("SELECT id, status FROM project_export_jobs ORDER BY id") == [
         (gone, 3), (alive, 1), (finished, 2), (parallel, 1)]
 
 
-def test_environments_auto_stop(db, stack):
+def test_environments_auto_stop(db):
     with_setting = db.has("environments_auto_stop_setting")
 
     def environment(name: str, hours: int, **values) -> int:
@@ -238,7 +311,7 @@ def test_environments_auto_stop(db, stack):
     # with_action and no stop action: left available (only where the release has the setting).
     kept = environment("review-kept", 1, auto_stop_setting=1) if with_setting else None
 
-    result = run_job(environments_auto_stop, stack, database_url=db.url)
+    result = db.run(environments_auto_stop)
 
     expected = [(due, "stopped", True), (later, "available", False), (with_stop, "stopping", False)]
     expected += [(kept, "available", False)] if with_setting else []
@@ -251,7 +324,7 @@ def test_environments_auto_stop(db, stack):
 CREATED = ago(days=1)
 
 
-def test_schedule_bulk_delete_job_artifacts(db, stack):
+def test_schedule_bulk_delete_job_artifacts(db):
     db.insert("feature_gates", feature_key="bulk_delete_job_artifacts", key="boolean", value="true",
               created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
 
@@ -263,7 +336,7 @@ def test_schedule_bulk_delete_job_artifacts(db, stack):
     expired = artifact(1)
     kept = [artifact(2, hours=-24), artifact(3, locked=1), artifact(4, file_type=3)]  # not due, locked, a trace
 
-    result = run_job(schedule_bulk_delete_job_artifacts, stack, database_url=db.url)
+    result = db.run(schedule_bulk_delete_job_artifacts)
 
     assert db.rows("SELECT id FROM {artifacts} ORDER BY id") == [(i,) for i in kept]
     project = ", project_id" if db.has("deleted_objects_project_id") else ""
@@ -274,7 +347,7 @@ def test_schedule_bulk_delete_job_artifacts(db, stack):
     assert_release_metadata(result, "schedule_buckets", db)
 
 
-def test_delete_expired_artifact_files(db, stack, tmp_path):
+def test_delete_expired_artifact_files(db, tmp_path):
     project = {"project_id": 1} if db.has("deleted_objects_project_id") else {}
 
     def deleted_object(name: str, hours: int, file_store: int = 1) -> int:
@@ -287,8 +360,8 @@ def test_delete_expired_artifact_files(db, stack, tmp_path):
     later = deleted_object("later.zip", -1)
     remote = deleted_object("remote.zip", 1, file_store=2)  # object storage: counted and left
 
-    result = run_job(delete_expired_artifact_files, stack, database_url=db.url,
-                     run_config={"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(tmp_path)}}}})
+    result = db.run(delete_expired_artifact_files,
+                    run_config={"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(tmp_path)}}}})
 
     assert db.rows("SELECT id FROM ci_deleted_objects ORDER BY id") == [(later,), (remote,)]
     assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["later.zip", "remote.zip"]
