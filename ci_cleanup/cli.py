@@ -35,7 +35,7 @@ from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.redis_stores import config_dir_from, resolve
-from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
+from .gitlab.schema import FLAT, PARTITIONED, RELEASES, SchemaMismatch, create_schema, detect_tables, require_columns
 from .resources import (
     GitLabRedis,
     ServiceUnavailable,
@@ -180,12 +180,14 @@ def external_target(args, env) -> tuple[Engine, str]:
 
 def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
     if args.decomposed:
+        if args.release:
+            raise CliError("--release makes one database: not with --decomposed")
         return create_decomposed_schema(env, embedded)
     engine, where = gitlab_engine(env[DATABASE])
     try:
         refuse_gitlab_data(engine, where)
-        print(f"Creating the GitLab schema ({args.layout}) in {where}", flush=True)
-        create_schema(engine, args.layout)
+        print(f"Creating the GitLab schema ({args.release or args.layout}) in {where}", flush=True)
+        create_schema(engine, args.layout, args.release)
     finally:
         engine.dispose()
     print(f"GitLab schema created in {where} (tables that existed were left as they are)")
@@ -597,6 +599,10 @@ def parser() -> argparse.ArgumentParser:
     schema.add_argument(
         "--layout", choices=[PARTITIONED, FLAT], default=PARTITIONED,
         help="GitLab's builds and artifacts partitioned (GitLab 16 and later) or flat (before)",
+    )
+    schema.add_argument(
+        "--release", choices=list(RELEASES),
+        help="GitLab's schema as that release has it (docs/gitlab-releases.md); its layout is its own",
     )
     schema.add_argument(
         "--decomposed", action="store_true",

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg2.errors
@@ -39,6 +39,7 @@ from .gitlab.redis_stores import (  # noqa: F401  (redact_redis_url, UNSHOWN_URL
     redact_redis_url,
     resolve,
 )
+from .gitlab.release import RELEASE_TABLES, Release, detect_release, read_catalog, refuse_unsupported
 from .gitlab.schema import (
     CI_DATABASE,
     MAIN_DATABASE,
@@ -173,6 +174,7 @@ class GitLabDatabase(ConfigurableResource):
 
     _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)
     _tables: GitLabSchema | None = PrivateAttr(default=None)
+    _release: Release | None = PrivateAttr(default=None)
     _resolved: dict[str, str] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -305,11 +307,34 @@ class GitLabDatabase(ConfigurableResource):
         assert self._tables is not None, "GitLabDatabase used outside a run"
         return self._tables
 
-    def require(self, tables: list[Table]) -> dict[str, object]:
-        """Fail before anything is written unless each of ``tables`` is, in the database it will be used in, as
-        the job needs it (:func:`~ci_cleanup.gitlab.schema.require_columns`) and not GitLab's write-locked copy
-        of another database's table (a job reading it would find it empty and change nothing). The run's
-        metadata: the tables and the database each is used in."""
+    @property
+    def release(self) -> Release:
+        """The GitLab release's features, read from the catalog once a run (each table's in its own database)."""
+        if self._release is None:
+            by_database: dict[str, list[str]] = {}
+            for field in RELEASE_TABLES:
+                by_database.setdefault(self._database(getattr(self.schema, field)), []).append(field)
+            facts = []
+            for fields in by_database.values():
+                with self.engine_for(getattr(self.schema, fields[0])).connect() as conn:
+                    facts.append(read_catalog(conn, self.schema, fields))
+            self._release = detect_release(facts)
+        return self._release
+
+    def require(self, tables: list[Table] | Mapping[str, Collection[str]]) -> dict[str, object]:
+        """Fail before anything is read unless this GitLab is a release supported (:mod:`~ci_cleanup.gitlab.release`)
+        and each of ``tables`` is, in the database it will be used in, as the job needs it
+        (:func:`~ci_cleanup.gitlab.schema.require_columns`) and not GitLab's write-locked copy of another database's
+        table (a job reading it would find it empty and change nothing).
+
+        ``tables``: the tables, each checked whole, or the job's ``USES``: per table (GitLabSchema's name) the
+        columns it reads or writes, the only ones checked. The run's metadata: the tables, the database each is used
+        in, and the release's layout and features (:meth:`~ci_cleanup.gitlab.release.Release.metadata`)."""
+        uses = None
+        if isinstance(tables, Mapping):
+            uses = {getattr(self.schema, field).name: columns for field, columns in tables.items()}
+            tables = [getattr(self.schema, field) for field in tables]
+        refuse_unsupported(self.release, self.schema)
         by_database: dict[str, list[Table]] = {}
         for table in tables:
             by_database.setdefault(self._database(table), []).append(table)
@@ -318,10 +343,11 @@ class GitLabDatabase(ConfigurableResource):
                 locked = write_locked(conn, own)
                 if locked:
                     raise WrongDatabase(self._locked_message(database, locked))
-                require_columns(conn, own)
+                require_columns(conn, own, uses)
         return {
             "gitlab_tables": [t.fullname for t in tables],
             "gitlab_databases": {t.fullname: self._database(t) for t in tables},
+            **self.release.metadata(),
         }
 
     def _locked_message(self, database: str, locked: list[str]) -> str:

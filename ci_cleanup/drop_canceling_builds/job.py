@@ -14,6 +14,7 @@ from ..gitlab.schema import naive_utc, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
+from .uses import USES
 
 LEASE_KEY = "ci/stuck_builds/drop_canceling_worker"
 LEASE_TTL_SECONDS = 30 * 60
@@ -46,7 +47,7 @@ def find_canceling_builds(
     """Check the schema, take the lease (skip if held, as GitLab does) and count the outdated canceling builds."""
     schema = gitlab_db.schema
     cutoff = utc_now() - dt.timedelta(minutes=config.timeout_minutes)
-    gitlab_tables = gitlab_db.require([schema.ci_builds, schema.ci_pending_builds, schema.ci_running_builds])
+    gitlab_tables = gitlab_db.require(USES)
     with gitlab_db.engine_for(schema.ci_builds).connect() as conn:
         candidates = service.count_candidates(conn, schema, cutoff)
         begun = start(context, run_options, LEASE, gitlab_redis)

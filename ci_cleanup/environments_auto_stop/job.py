@@ -14,6 +14,7 @@ from ..gitlab.schema import missing_unique_index, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
+from .uses import USES
 
 LEASE_KEY = "environments:auto_stop:lock"  # AutoStopService::EXCLUSIVE_LOCK_KEY
 LEASE_TTL_SECONDS = 50 * 60  # AutoStopService::LOCK_TIMEOUT
@@ -57,8 +58,7 @@ def find_auto_stoppable_environments(
     (rather than every batch failing and every environment reported as an error).
     """
     schema = gitlab_db.schema
-    gitlab_tables = gitlab_db.require([schema.environments, schema.deployments, schema.ci_builds,
-                                       schema.ci_pending_builds])
+    gitlab_tables = gitlab_db.require(USES)
     with gitlab_db.engine_for(schema.ci_pending_builds).connect() as conn:
         missing_index = missing_unique_index(conn, schema.ci_pending_builds, "build_id", service.PENDING_BUILDS_INDEX)
     with gitlab_db.engine_for(schema.environments).connect() as conn:

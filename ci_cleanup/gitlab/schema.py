@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -452,18 +453,36 @@ def _statements(sql: str) -> list[str]:
     return statements
 
 
-def ddl(layout: str = PARTITIONED) -> list[str]:
-    """GitLab's DDL for the tables the jobs touch, in the layout asked for (see ``sql/structure.sql``).
+# GitLab's schema at the releases ci_cleanup is tested on (``sql/versions/``, each file's header names its source
+# commit): the release's name -> its file. ``18.x`` is ``sql/structure.sql`` plus the dynamic partitions.
+RELEASES = {
+    "16.0": "16.0-f8df4215.sql",
+    "17.x": "17.x-cf815822.sql",
+    "18.x": "18.x-0016ea05.sql",
+    "18.y": "18.y-00084369.sql",
+}
+
+
+def _file_statements(path: Path) -> list[str]:
+    """A vendored DDL file's statements, without ``CREATE EXTENSION``: nothing here needs btree_gist or pg_trgm,
+    and the embedded PostgreSQL ships neither."""
+    return [s for s in _statements(path.read_text()) if not s.startswith("CREATE EXTENSION")]
+
+
+def ddl(layout: str = PARTITIONED, release: str | None = None) -> list[str]:
+    """GitLab's DDL for the tables the jobs touch, in the layout asked for (see ``sql/structure.sql``), or as the
+    ``release`` given has them (:data:`RELEASES`; the layout is then the release's own).
 
     ``partitioned``: as GitLab ships today, plus the dynamic partitions in :data:`DYNAMIC_PARTITIONS`,
     created the way GitLab's partition manager does. ``flat``: GitLab before partitioning, the same
-    statements without ``p_ci_builds`` / ``p_ci_job_artifacts``. The two ``CREATE EXTENSION`` statements
-    are left out: nothing here needs them and the embedded PostgreSQL ships neither.
+    statements without ``p_ci_builds`` / ``p_ci_job_artifacts``.
     """
-    statements = [
-        s for s in _statements((Path(__file__).with_name("sql") / "structure.sql").read_text())
-        if not s.startswith("CREATE EXTENSION")
-    ]
+    sql = Path(__file__).with_name("sql")
+    if release is not None:
+        if release not in RELEASES:
+            raise ValueError(f"release must be one of {', '.join(RELEASES)}, not {release!r}")
+        return _file_statements(sql / "versions" / RELEASES[release])
+    statements = _file_statements(sql / "structure.sql")
     if layout == FLAT:
         return [s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
     if layout != PARTITIONED:
@@ -476,13 +495,14 @@ def ddl(layout: str = PARTITIONED) -> list[str]:
     ]
 
 
-def create_schema(engine: Engine, layout: str = PARTITIONED) -> None:
-    """Create GitLab's tables, indexes and triggers, unless there already (dev stack, benchmark and tests only)."""
+def create_schema(engine: Engine, layout: str = PARTITIONED, release: str | None = None) -> None:
+    """Create GitLab's tables, indexes and triggers (of ``release`` if given), unless there already (dev stack,
+    benchmark and tests only)."""
     with engine.begin() as conn:
         if conn.scalar(text("SELECT to_regclass('ci_pending_builds')")) is not None:
             return
         cursor = conn.connection.dbapi_connection.cursor()
-        for statement in ddl(layout):
+        for statement in ddl(layout, release):
             cursor.execute(statement)
 
 
@@ -492,7 +512,11 @@ def truncate_all(
     """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only);
     given a ``database`` (``main`` / ``ci``), only its own tables: the other's copies are write-locked there."""
     names = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
-    names += [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)] + list(also)
+    # GitLab's own trigger tables where this release has them (16.0 has neither, 18.y no _archived copy).
+    names += conn.scalars(
+        text("SELECT name FROM unnest(CAST(:names AS text[])) name WHERE to_regclass(name) IS NOT NULL"),
+        {"names": [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)]},
+    ).all() + list(also)
     conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
 
 
@@ -599,9 +623,23 @@ def regclass(table: Table) -> str:
     return _POSTGRESQL.identifier_preparer.format_table(table)
 
 
-def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
+class WherePresent(str):
+    """A column a job uses only where the release has it (:func:`where_present`): not required, its type still
+    checked where it is there."""
+
+
+def where_present(column: str) -> WherePresent:
+    return WherePresent(column)
+
+
+def require_columns(
+    conn: Connection, tables: list[Table], uses: Mapping[str, Collection[str]] | None = None
+) -> list[str]:
     """Fail, naming every missing table and column and every column of an incompatible type, unless the
-    database has what ``tables`` use; the names of the tables checked, for the run's metadata."""
+    database has what ``tables`` use; the names of the tables checked, for the run's metadata.
+
+    ``uses``: per table name, the columns the job reads or writes (:func:`where_present` ones only where there);
+    a table not in it is checked whole. A column the database lacks and no job uses is not GitLab's mistake."""
     present: dict[str, dict[str, str]] = {regclass(table): {} for table in tables}
     for name, column, pg_type in conn.execute(_COLUMNS, {"names": list(present)}):
         if column is not None:
@@ -611,10 +649,12 @@ def require_columns(conn: Connection, tables: list[Table]) -> list[str]:
         if not present[regclass(table)]:
             problems.append(f"table {table.fullname} is missing")
             continue
-        for column in table.columns:
-            found = present[regclass(table)].get(column.name)
+        used = (uses or {}).get(table.name)
+        for name in table.columns.keys() if used is None else used:
+            column, found = table.c[name], present[regclass(table)].get(name)
             if found is None:
-                problems.append(f"column {table.fullname}.{column.name} is missing")
+                if not isinstance(name, WherePresent):
+                    problems.append(f"column {table.fullname}.{column.name} is missing")
             elif _found_family(found) != _family(column.type):
                 expected = column.type.compile(dialect=conn.dialect)
                 problems.append(f"column {table.fullname}.{column.name} is {found.upper()}, expected {expected}")

@@ -29,6 +29,7 @@ from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, table, track_exception
 from . import files, service
+from .uses import FILES_USES, USES
 
 ARTIFACTS = ("gitlab", "ci_job_artifacts")
 DELETED_OBJECTS = ("gitlab", "ci_deleted_objects")
@@ -82,7 +83,7 @@ def schedule_buckets(
     schema = gitlab_db.schema
     now = utc_now()
     begun = start(context, run_options)
-    gitlab_tables = gitlab_db.require([schema.ci_job_artifacts, schema.ci_deleted_objects, schema.feature_gates])
+    gitlab_tables = gitlab_db.require(USES)
     with gitlab_db.engine_for(schema.feature_gates).connect() as conn:
         flags = service.read_flags(conn, schema)
     if begun.mode is RunMode.DRY_RUN and flags.enabled:
@@ -279,7 +280,7 @@ def plan_artifact_file_removal(
         raise ValueError(f"artifacts_root {root!r} is not an absolute path to an existing directory")
     begun = start(context, run_options)
     would = {}
-    gitlab_tables = gitlab_db.require([schema.ci_deleted_objects])
+    gitlab_tables = gitlab_db.require(FILES_USES)
     with gitlab_db.engine_for(schema.ci_deleted_objects).connect() as conn:
         due_by_store = files.count_due(conn, schema, utc_now())
         if begun.mode is RunMode.DRY_RUN:

@@ -17,6 +17,7 @@ from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
 from . import service
+from .uses import USES
 
 ASSET = ("gitlab", "ci_runner_machines")
 # No lease bounds this hourly job: run monitoring fails a run still going at half the hour, which alerts
@@ -66,7 +67,7 @@ def find_stale_runner_machines(
     now = utc_now()
     limits = service.Limits(dt.timedelta(days=config.stale_after_days), config.sub_batch_size, config.max_deletions)
     deadline = service.stale_deadline(now, limits.stale_after)
-    gitlab_tables = gitlab_db.require([schema.ci_runner_machines])
+    gitlab_tables = gitlab_db.require(USES)
     begun = start(context, run_options)
     would = {}
     if begun.mode is RunMode.DRY_RUN:

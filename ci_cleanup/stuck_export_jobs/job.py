@@ -16,6 +16,7 @@ from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, observe, track_exception
 from . import service
+from .uses import USES
 
 ASSET = ("gitlab", "project_export_jobs")
 # No lease bounds this hourly job: run monitoring fails a run still going at half the hour, which alerts
@@ -51,7 +52,7 @@ def find_enqueued_export_jobs(
 ) -> StuckExportPlan:
     """Check the schema and count the queued and started export jobs."""
     schema = gitlab_db.schema
-    gitlab_tables = gitlab_db.require([schema.project_export_jobs, schema.project_relation_exports])
+    gitlab_tables = gitlab_db.require(USES)
     with gitlab_db.engine_for(schema.project_export_jobs).connect() as conn:
         enqueued = service.count_enqueued(conn, schema)
     begun = start(context, run_options)

@@ -1,0 +1,455 @@
+"""Every job on GitLab's schema at each release vendored (``ci_cleanup/gitlab/sql/versions/``), one database each.
+
+Each test seeds a few rows, some the job's rule must change and some it must not, with only the columns that release
+has, runs the job through Dagster and asserts the exact rows after. Where a job cannot yet be right on a release
+(its statements need a per-release change, ``docs/gitlab-releases.md``), the case asserts the right outcome and is an
+xfail(strict=True) naming what is missing: the list of cases left. A GitLab older than 16.0 is refused untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import os
+import re
+import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.engine import Engine
+
+from ci_cleanup.cli import main
+from ci_cleanup.devstack import PgBouncer
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop.job import environments_auto_stop
+from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
+from ci_cleanup.gitlab.schema import (
+    CI_DATABASE,
+    MAIN_DATABASE,
+    GitLabSchema,
+    SchemaMismatch,
+    create_schema,
+    database_of,
+    ddl,
+    detect_tables,
+    lock_writes,
+    require_columns,
+    truncate_all,
+    where_present,
+)
+from ci_cleanup.gitlab.sidekiq_status import status_key
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts,
+)
+from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+
+from .factories import ago, naive_ago
+from .harness import scratch_database_of
+from .runner import op_metadata, run_job, step_failure_message
+
+# A 17.0 as the issue met it (not vendored): 17.x's schema without what 17.0 lacked, its runner machines 16.0's
+# plain table (GitLab partitioned them by runner_type later in 17.x).
+GITLAB_17_0 = "17.0-like"
+LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "18.x": "partitioned",
+           "18.y": "partitioned_dynamic"}
+_17_0_LACKS = ("runner_machines_runner_type", "runner_machines_sharding_key_id", "environments_auto_stop_setting",
+               "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id")
+EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
+                                          {name: name not in _17_0_LACKS for name in KNOWN["17.x"].features})}
+
+# (job, release) -> what its statements lack there: the case asserts GitLab's outcome and fails until they have it.
+NOT_YET = {
+    **{("environments_auto_stop", release): f"environments.auto_stop_setting is read and required; {release} lacks "
+       "it (GitLab < 17.7 stops every environment without stop actions)" for release in ("16.0", GITLAB_17_0)},
+    **{("schedule_bulk_delete_job_artifacts", release): f"ci_deleted_objects.project_id is written and required; "
+       f"{release} lacks it (GitLab < 17.4 records file_store, store_dir, file and pick_up_at only)"
+       for release in ("16.0", GITLAB_17_0)},
+}
+
+
+@dataclass(frozen=True)
+class ReleaseDb:
+    """A release's database(s): one, or (``18.y-deployed``) main and ci, reached by the jobs through PgBouncer."""
+
+    name: str
+    stack: object  # the embedded stack: its Redis
+    url: str
+    engine: Engine
+    schema: GitLabSchema
+    release: Release
+    ci_url: str | None = None
+    ci_engine: Engine | None = None
+
+    @property
+    def base(self) -> str:
+        """The vendored release this one is (the deployed newest is 18.y)."""
+        return self.name.removesuffix(DEPLOYED)
+
+    def has(self, feature: str) -> bool:
+        return self.release.features[feature]
+
+    def engine_of(self, table: str) -> Engine:
+        """The engine holding ``table``'s rows (the database's name for it)."""
+        ci = database_of(self.schema.metadata.tables[table]) == CI_DATABASE
+        return self.ci_engine if ci and self.ci_engine is not None else self.engine
+
+    def insert(self, table: str, **values) -> int:
+        """One row of ``table`` (GitLabSchema's name) with only these columns; its id."""
+        name, columns = getattr(self.schema, table).name, ", ".join(f'"{column}"' for column in values)
+        with self.engine_of(name).begin() as conn:
+            return conn.scalar(text(
+                f'INSERT INTO {name} ({columns}) VALUES ({", ".join(f":{column}" for column in values)}) RETURNING id'),
+                values)
+
+    def rows(self, sql: str) -> list[tuple]:
+        """``sql``'s rows, read in the database of the table it reads (its ``FROM``)."""
+        sql = sql.format(builds=self.schema.ci_builds.name, artifacts=self.schema.ci_job_artifacts.name)
+        with self.engine_of(re.search(r"FROM (\w+)", sql).group(1)).connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql))]
+
+    def run(self, job, **kwargs):
+        return run_job(job, self.stack, database_url=self.url, ci_database_url=self.ci_url, **kwargs)
+
+    def empty(self) -> None:
+        for database, engine in ((MAIN_DATABASE, self.engine), (CI_DATABASE, self.ci_engine)):
+            if engine is not None:
+                with engine.begin() as conn:
+                    truncate_all(conn, self.schema, database=database if self.ci_engine else None)
+
+
+def gitlab_17_0(engine: Engine) -> None:
+    create_schema(engine, release="17.x")
+    plain_machines = [s for s in ddl(release="16.0") if "ci_runner_machines" in s]
+    with engine.begin() as conn:
+        conn.execute(text(
+            "ALTER TABLE environments DROP COLUMN auto_stop_setting;"
+            "ALTER TABLE ci_deleted_objects DROP COLUMN project_id, DROP COLUMN created_at;"
+            "DROP TRIGGER trigger_b2612138515d ON project_relation_exports;"
+            "ALTER TABLE project_relation_exports DROP COLUMN project_id;"
+            "DROP TABLE ci_runner_machines, ci_runner_machines_archived CASCADE"))
+        for statement in plain_machines:
+            conn.execute(text(statement))
+
+
+DEPLOYED = "-deployed"
+
+
+def _detected(engine: Engine, ci_engine: Engine | None = None) -> tuple[GitLabSchema, Release]:
+    """The schema and the release, each table's facts read in the database that holds its rows."""
+    with (ci_engine or engine).connect() as conn:
+        schema = detect_tables(conn)
+    facts = []
+    for database, own in ((MAIN_DATABASE, engine), (CI_DATABASE, ci_engine or engine)):
+        fields = [f for f in RELEASE_TABLES if ci_engine is None or database_of(getattr(schema, f)) == database]
+        with own.connect() as conn:
+            facts.append(read_catalog(conn, schema, fields))
+    return schema, detect_release(facts)
+
+
+@contextlib.contextmanager
+def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
+    """18.y as deployed: main and ci, 18.y's DDL in both, GitLab's lock-writes triggers on the other's tables, the
+    jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
+    if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is not installed: .ci/run installs Debian's pgbouncer")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with scratch_database_of(stack) as main_url, scratch_database_of(stack) as ci_url:
+        engines = {}
+        for database, url in ((MAIN_DATABASE, main_url), (CI_DATABASE, ci_url)):
+            engines[database] = create_engine(url)
+            create_schema(engines[database], release="18.y")
+            with engines[database].begin() as conn:
+                lock_writes(conn, database)
+        pools = {"release_main": (make_url(main_url).database, 2), "release_ci": (make_url(ci_url).database, 2)}
+        with PgBouncer.of_stack(stack, data_dir, pools) as bouncer:
+            schema, release = _detected(engines[MAIN_DATABASE], engines[CI_DATABASE])
+            yield ReleaseDb("18.y" + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
+                            release, bouncer.url("release_ci"), engines[CI_DATABASE])
+        for engine in engines.values():
+            engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "18.y" + DEPLOYED])
+def release_db(request, stack, servers_dir):
+    if request.param.endswith(DEPLOYED):
+        with deployed_newest(stack, servers_dir / "release_pgbouncer") as db:
+            yield db
+        return
+    with scratch_database_of(stack) as url:
+        engine = create_engine(url)
+        if request.param == GITLAB_17_0:
+            gitlab_17_0(engine)
+        else:
+            create_schema(engine, release=request.param)
+        yield ReleaseDb(request.param, stack, url, engine, *_detected(engine))
+        engine.dispose()
+
+
+@pytest.fixture
+def db(request, release_db, redis_client) -> ReleaseDb:
+    """The release's database(s) emptied; the case marked xfail where :data:`NOT_YET` says it cannot pass yet."""
+    job = request.node.originalname.removeprefix("test_").split("__")[0]
+    if (job, release_db.base) in NOT_YET:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_YET[job, release_db.base]))
+    release_db.empty()
+    return release_db
+
+
+def assert_release_metadata(result, op: str, db: ReleaseDb) -> None:
+    metadata = op_metadata(result, op)
+    assert metadata["gitlab_layout"] == LAYOUTS[db.base]
+    assert metadata["gitlab_release_like"] == [name for name, known in KNOWN.items() if known == EXPECTED[db.base]]
+    assert db.base in metadata["gitlab_release_like"] or db.base not in KNOWN
+    assert metadata["gitlab_features"]["environments_auto_stop_setting"] == db.has("environments_auto_stop_setting")
+    # Deployed: each table used in its own database.
+    assert metadata["gitlab_databases"] == {
+        t: database_of(db.schema.metadata.tables[t]) if db.ci_url else MAIN_DATABASE for t in metadata["gitlab_tables"]}
+
+
+def test_each_release_is_detected_as_vendored(release_db):
+    assert release_db.release == EXPECTED[release_db.base]
+    assert release_db.release.layout == LAYOUTS[release_db.base]
+
+
+def test_a_column_used_where_present_is_required_nowhere_and_checked_where_there(release_db):
+    e = release_db.schema.environments
+    with release_db.engine_of("environments").connect() as conn:
+        assert require_columns(conn, [e], {e.name: ("id", where_present("auto_stop_setting"))}) == ["environments"]
+        if release_db.has("environments_auto_stop_setting"):
+            conn.execute(text("ALTER TABLE environments ALTER COLUMN auto_stop_setting TYPE text"))
+            with pytest.raises(SchemaMismatch, match="environments.auto_stop_setting is TEXT, expected SMALLINT"):
+                require_columns(conn, [e], {e.name: (where_present("auto_stop_setting"),)})
+            conn.rollback()
+        else:
+            with pytest.raises(SchemaMismatch, match=r"it\): column environments.auto_stop_setting is missing$"):
+                require_columns(conn, [e], {e.name: ("id", "auto_stop_setting")})
+
+
+BUILD = dict(partition_id=100, project_id=7, commit_id=4242, type="Ci::Build", lock_version=0)
+
+
+def test_drop_canceling_builds(db):
+    old = naive_ago(hours=2)
+    outdated = db.insert("ci_builds", name="rspec", status="canceling", created_at=old, updated_at=old, **BUILD)
+    touched = db.insert("ci_builds", name="rspec", status="canceling", created_at=old,
+                        updated_at=naive_ago(minutes=10), **BUILD)
+    running = db.insert("ci_builds", name="rspec", status="running", created_at=old, updated_at=old, **BUILD)
+    queue = dict(project_id=7, partition_id=100)
+    for build in (outdated, running):
+        db.insert("ci_pending_builds", build_id=build, **queue)
+    db.insert("ci_running_builds", build_id=outdated, runner_id=3, runner_type=1, **queue)
+
+    result = db.run(drop_canceling_builds)
+
+    assert db.rows("SELECT id, status, failure_reason FROM {builds} ORDER BY id") == [
+        (outdated, "failed", 3), (touched, "canceling", None), (running, "running", None)]
+    assert db.rows("SELECT build_id FROM ci_pending_builds") == [(running,)]
+    assert db.rows("SELECT build_id FROM ci_running_builds") == []
+    assert_release_metadata(result, "find_canceling_builds", db)
+
+
+def test_stale_runner_machines_cleanup(db):
+    # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y) by GitLab's checks.
+    kind = {"runner_type": 1} if db.has("runner_machines_runner_type") else {}
+
+    def machine(created, contacted=None) -> int:
+        return db.insert("ci_runner_machines", runner_id=1, system_xid=f"xid-{created}-{contacted}",
+                         created_at=ago(days=created), updated_at=ago(days=created),
+                         contacted_at=None if contacted is None else ago(hours=contacted), **kind)
+
+    stale, contacted, young = machine(8), machine(8, contacted=1), machine(1)
+
+    result = db.run(stale_runner_machines_cleanup)
+
+    assert db.rows("SELECT id FROM ci_runner_machines ORDER BY id") == [(contacted,), (young,)]
+    assert op_metadata(result, "delete_stale_runner_machines")["total_deleted"] == 1 and stale < contacted
+    assert_release_metadata(result, "find_stale_runner_machines", db)
+
+
+def test_stuck_export_jobs(db, redis_client):
+    def export(jid: str, status: int, hours: int) -> int:
+        return db.insert("project_export_jobs", project_id=1, jid=jid, status=status,
+                         created_at=ago(hours=hours), updated_at=ago(hours=hours))
+
+    gone = export("jid-gone", 1, 7)
+    alive = export("jid-alive", 1, 7)
+    finished = export("jid-finished", 2, 7)
+    parallel = export("jid-parallel", 1, 1)  # young, with relation exports: spared (GitLab's EXPORT_JOBS_EXPIRATION)
+    db.insert("project_relation_exports", project_export_job_id=parallel, relation="issues", status=1,
+              created_at=ago(hours=1), updated_at=ago(hours=1))
+    redis_client.set(status_key("jid-alive"), 1, ex=30 * 60)
+
+    db.run(stuck_export_jobs)
+
+    assert db.rows("SELECT id, status FROM project_export_jobs ORDER BY id") == [
+        (gone, 3), (alive, 1), (finished, 2), (parallel, 1)]
+
+
+def test_environments_auto_stop(db):
+    with_setting = db.has("environments_auto_stop_setting")
+
+    def environment(name: str, hours: int, **values) -> int:
+        return db.insert("environments", project_id=7, name=name, slug=name, state="available",
+                         auto_stop_at=ago(hours=hours), created_at=naive_ago(days=1), updated_at=naive_ago(days=1),
+                         **values)
+
+    due = environment("review-due", 1)
+    later = environment("review-later", -24)
+    with_stop = environment("review-stop", 1)
+    deploy = db.insert("ci_builds", name="deploy_review", status="success", **BUILD)
+    stop = db.insert("ci_builds", name="stop_review", status="manual", **BUILD)
+    db.insert("deployments", iid=1, project_id=7, environment_id=with_stop, ref="main", tag=False, sha="a" * 40,
+              status=2, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop_review",
+              created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    # with_action and no stop action: left available (only where the release has the setting).
+    kept = environment("review-kept", 1, auto_stop_setting=1) if with_setting else None
+
+    result = db.run(environments_auto_stop)
+
+    expected = [(due, "stopped", True), (later, "available", False), (with_stop, "stopping", False)]
+    expected += [(kept, "available", False)] if with_setting else []
+    assert db.rows("SELECT id, state, auto_stop_at IS NULL FROM environments ORDER BY id") == expected
+    assert db.rows("SELECT id, status FROM {builds} ORDER BY id") == [(deploy, "success"), (stop, "pending")]
+    assert db.rows("SELECT build_id, project_id, partition_id FROM ci_pending_builds") == [(stop, 7, 100)]
+    assert_release_metadata(result, "find_auto_stoppable_environments", db)
+
+
+CREATED = ago(days=1)
+
+
+def test_schedule_bulk_delete_job_artifacts(db):
+    db.insert("feature_gates", feature_key="bulk_delete_job_artifacts", key="boolean", value="true",
+              created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
+
+    def artifact(job_id: int, file_type: int = 2, locked: int = 0, hours: int = 2) -> int:
+        return db.insert("ci_job_artifacts", project_id=1, job_id=job_id, file_type=file_type, locked=locked,
+                         partition_id=100, file_store=1, file="a.zip", size=10, expire_at=ago(hours=hours),
+                         created_at=CREATED, updated_at=CREATED)
+
+    expired = artifact(1)
+    kept = [artifact(2, hours=-24), artifact(3, locked=1), artifact(4, file_type=3)]  # not due, locked, a trace
+
+    result = db.run(schedule_bulk_delete_job_artifacts)
+
+    assert db.rows("SELECT id FROM {artifacts} ORDER BY id") == [(i,) for i in kept]
+    project = ", project_id" if db.has("deleted_objects_project_id") else ""
+    # JobArtifactUploader's hashed path: sha256 of the project id, the artifact's created UTC day, job and id.
+    digest, day = hashlib.sha256(b"1").hexdigest(), CREATED.astimezone(dt.UTC).strftime("%Y_%m_%d")
+    assert db.rows(f"SELECT file_store, store_dir, file{project} FROM ci_deleted_objects") == [
+        (1, f"{digest[:2]}/{digest[2:4]}/{digest}/{day}/1/{expired}", "a.zip", *((1,) if project else ()))]
+    assert_release_metadata(result, "schedule_buckets", db)
+
+
+def test_delete_expired_artifact_files(db, tmp_path):
+    project = {"project_id": 1} if db.has("deleted_objects_project_id") else {}
+
+    def deleted_object(name: str, hours: int, file_store: int = 1) -> int:
+        (tmp_path / "final").mkdir(exist_ok=True)
+        (tmp_path / "final" / name).write_text("artifact")
+        return db.insert("ci_deleted_objects", file_store=file_store, store_dir="final", file=name,
+                         pick_up_at=ago(hours=hours), **project)
+
+    deleted_object("due.zip", 1)
+    later = deleted_object("later.zip", -1)
+    remote = deleted_object("remote.zip", 1, file_store=2)  # object storage: counted and left
+
+    result = db.run(delete_expired_artifact_files,
+                    run_config={"ops": {"plan_artifact_file_removal": {"config": {"artifacts_root": str(tmp_path)}}}})
+
+    assert db.rows("SELECT id FROM ci_deleted_objects ORDER BY id") == [(later,), (remote,)]
+    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["later.zip", "remote.zip"]
+    assert_release_metadata(result, "plan_artifact_file_removal", db)
+
+
+ALL_JOBS = (drop_canceling_builds, stale_runner_machines_cleanup, stuck_export_jobs, environments_auto_stop,
+            schedule_bulk_delete_job_artifacts, delete_expired_artifact_files)
+
+
+def gitlab_14_1() -> list[str]:
+    """16.0's DDL as GitLab had it before partitioning began: no partition_id on any table, no ci_runner_machines
+    (GitLab 15.8 added it)."""
+    statements = [s for s in ddl(release="16.0") if "ci_runner_machines" not in s]
+    without = [re.sub(r"\n\s*(partition_id bigint[^\n]*|CONSTRAINT partitioning_constraint[^\n]*)", "", s)
+               for s in statements]
+    return [re.sub(r",(\n\))", r"\1", s) for s in without]
+
+
+def test_a_gitlab_older_than_16_0_is_refused_in_one_line_and_nothing_changes(stack, redis_client, tmp_path):
+    with scratch_database_of(stack) as url:
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            for statement in gitlab_14_1():
+                conn.execute(text(statement))
+            conn.execute(text(
+                "INSERT INTO ci_builds (name, type, status, created_at, updated_at, project_id, lock_version) "
+                "VALUES ('rspec', 'Ci::Build', 'canceling', now() - interval '1 day', now() - interval '1 day', 1, 0);"
+                "INSERT INTO environments (project_id, name, slug, auto_stop_at) VALUES (1, 'r', 'r', now() - "
+                "interval '1 hour');"
+                "INSERT INTO ci_job_artifacts (project_id, file_type, job_id, locked, expire_at, file, created_at, "
+                "updated_at) VALUES (1, 2, 9, 0, now() - interval '1 hour', 'a.zip', now(), now());"
+                "INSERT INTO project_export_jobs (project_id, status, jid, created_at, updated_at) VALUES (1, 1, "
+                "'gone', now(), now())"))
+        before = _snapshot(engine)
+        expected = ("This GitLab is older than 16.0, the oldest release ci_cleanup supports: no partition_id on "
+                    "ci_builds, no partition_id on ci_pending_builds, no partition_id on ci_running_builds, no "
+                    "ci_runner_machines table. No row was read or changed")
+        messages = {job.name: step_failure_message(run_job(job, stack, database_url=url, raise_on_error=False))
+                    for job in ALL_JOBS}
+        assert _snapshot(engine) == before
+        engine.dispose()
+    # Dagster's one line of the error: its class, then the message.
+    assert messages == {job.name: f"ci_cleanup.gitlab.release.UnsupportedRelease: {expected}\n" for job in ALL_JOBS}
+    assert redis_client.keys("*") == []  # no lease taken, no bucket
+
+
+def _snapshot(engine: Engine) -> dict[str, list[tuple]]:
+    tables = ("ci_builds", "environments", "ci_job_artifacts", "project_export_jobs", "ci_deleted_objects")
+    with engine.connect() as conn:
+        return {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY id"))] for t in tables}
+
+
+def test_a_release_without_a_column_no_job_uses_runs_and_one_a_job_uses_is_named(stack, redis_client):
+    """An unknown newer release: a column gone that the job never reads is no refusal (nor builds gone, for a job
+    without them: not an old GitLab); one it reads is named alone."""
+    with scratch_database_of(stack) as url:
+        engine = create_engine(url)
+        create_schema(engine, release="18.y")
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN creation_state; DROP TABLE p_ci_builds"))
+        assert run_job(stale_runner_machines_cleanup, stack, database_url=url).success
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE ci_runner_machines DROP COLUMN contacted_at"))
+        message = step_failure_message(run_job(stale_runner_machines_cleanup, stack, database_url=url,
+                                               raise_on_error=False))
+        engine.dispose()
+    assert message == ("ci_cleanup.gitlab.schema.SchemaMismatch: The database does not have what this job needs "
+                       "(ci_cleanup never creates or alters tables in it): column ci_runner_machines.contacted_at is "
+                       "missing\n")
+
+
+
+def test_ci_cleanup_schema_create_makes_a_release_from_the_packaged_files(stack, tmp_path, monkeypatch, capsys):
+    """``ci-cleanup schema create --release`` (the entry point in this process): the release's own layout."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # main sets its own
+    with scratch_database_of(stack) as url:
+        monkeypatch.setenv("CI_CLEANUP_DATABASE_URL", url)
+        try:
+            main(["--data-dir", str(tmp_path), "schema", "create", "--release", "18.y"])
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            tables = conn.execute(text(
+                "SELECT to_regclass('public.ci_builds') IS NULL, to_regclass('p_ci_builds') IS NOT NULL, "
+                "to_regclass('gitlab_partitions_dynamic.ci_builds_100') IS NOT NULL")).one()
+        engine.dispose()
+    assert tuple(tables) == (True, True, True)
+    assert "Creating the GitLab schema (18.y)" in capsys.readouterr().out
