@@ -269,7 +269,7 @@ def test_stale_runner_machines_cleanup(db):
     result = db.run(stale_runner_machines_cleanup)
 
     assert db.rows("SELECT id FROM ci_runner_machines ORDER BY id") == [(contacted,), (young,)]
-    assert op_metadata(result, "delete_stale_runner_machines")["total_deleted"] == 1 and stale < contacted
+    assert op_metadata(result, "report_deleted_runner_machines")["total_deleted"] == 1 and stale < contacted
     assert_release_metadata(result, "find_stale_runner_machines", db)
 
 
