@@ -58,7 +58,7 @@ BATCHES = (
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
           "delete_stale_runner_machines", stale_job.ASSET,
           "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
-    Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "stop_environments",
+    Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_stopped_environments",
           stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,
           stop_demo.seed),
     Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "fail_stuck_export_jobs",

@@ -52,10 +52,10 @@ def first_ids(engine, query, n=100):
 
 def statements(engine):
     """(name, statement) for every job, built by the services' own functions."""
-    b, m, j, e = S.ci_builds, S.ci_runner_machines, S.project_export_jobs, S.environments
+    b, m, j = S.ci_builds, S.ci_runner_machines, S.project_export_jobs
     builds = first_ids(engine, drop_canceling.find_batch_query(S, CUTOFF, 100, set()))
     exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
-    envs = first_ids(engine, auto_stop.find_batch_query(S, NOW, auto_stop.START, 100))
+    envs = first_environments(engine)
     yield "drop_canceling_builds count", select(func.count()).select_from(b).where(
         drop_canceling.outdated_canceling(S, CUTOFF))
     yield "drop_canceling_builds batch", drop_canceling.find_batch_query(S, CUTOFF, 100, set())
@@ -75,27 +75,42 @@ def statements(engine):
     yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
     yield "stuck_export_jobs fail and next page", stuck_exports.fail_and_page_statement(S, walk=False).params(
         **completed, now=NOW, after_id=exports[len(exports) // 2].id, limit=1000)
-    yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
-    yield "environments_auto_stop pick", auto_stop.pick_statement(S).params(
-        now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
-    )
-    yield "environments_auto_stop batch on one database", auto_stop.batch_statement(S).params(
-        now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
-        naive_now=NOW.replace(tzinfo=None),
-    )
-    yield "environments_auto_stop stop actions", auto_stop.stop_actions_statement(S).params(
-        environment_ids=[env.id for env in envs[:100]], deployable_ids=[env.id for env in envs[:100]],
-        on_stops=["stop_review"] * len(envs[:100]), naive_now=NOW.replace(tzinfo=None),
-    )
-    yield "environments_auto_stop states", auto_stop.state_statement(S).params(
-        now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
-        stopped_ids=[env.id for env in envs[50:100]],
-    )
+    yield from environments_statements(engine.dialect, envs)
     a = S.ci_job_artifacts
     yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
         bulk_delete.expired_in_bucket(S, NOW, bulk_delete.MAX_BUCKETS, 1)
     )
     yield "schedule_bulk_delete_job_artifacts batch", artifact_batch(engine)
+
+
+def environment_params(after) -> dict:
+    return {"now": NOW, "naive_now": NOW.replace(tzinfo=None), "after_at": after[0], "after_id": after[1],
+            "limit": auto_stop.BATCH_SIZE}
+
+
+def first_environments(engine):
+    with engine.connect() as conn:
+        return conn.execute(auto_stop.FIND_BATCH.on(S, conn.dialect), environment_params(auto_stop.START)).all()
+
+
+def environments_statements(dialect, envs):
+    """environments_auto_stop's SQL files, the batch's cursor halfway through the first 100 due environments."""
+    middle = envs[len(envs) // 2]
+    batch = environment_params((middle.cursor_at, middle.id))
+    yield "environments_auto_stop count", auto_stop.COUNT_AUTO_STOPPABLE.on(S, dialect).bindparams(now=NOW)
+    yield "environments_auto_stop batch on one database", auto_stop.STOP_BATCH.on(S, dialect).bindparams(**batch)
+    del batch["naive_now"]  # the pick writes nothing
+    yield "environments_auto_stop pick", auto_stop.PICK_BATCH.on(S, dialect).bindparams(**batch)
+    yield "environments_auto_stop dry run's batch", auto_stop.FIND_BATCH.on(S, dialect).bindparams(**batch)
+    deployed = {"environment_ids": [env.id for env in envs], "deployable_ids": [env.id for env in envs],
+                "on_stops": ["stop_review"] * len(envs)}
+    yield "environments_auto_stop stop actions", auto_stop.PLAY_STOP_ACTIONS.on(S, dialect).bindparams(
+        **deployed, naive_now=NOW.replace(tzinfo=None))
+    yield "environments_auto_stop dry run's stop actions", auto_stop.FIND_STOP_ACTIONS.on(S, dialect).bindparams(
+        **deployed)
+    yield "environments_auto_stop states", auto_stop.WRITE_STATES.on(S, dialect).bindparams(
+        now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
+        stopped_ids=[env.id for env in envs[50:]])
 
 
 def artifact_batch(engine):
@@ -132,7 +147,7 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
             if scans := [n["Relation Name"] for n in plan
                          if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
-    assert checked == 18
+    assert checked == 20
     assert failures == []
 
 
