@@ -61,7 +61,7 @@ BATCHES = (
     Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_stopped_environments",
           stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,
           stop_demo.seed),
-    Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "fail_stuck_export_jobs",
+    Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "report_stuck_export_jobs",
           export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
           demo=export_demo.seed),
     Batch(artifacts_job.schedule_bulk_delete_job_artifacts, artifacts_job.schedule_bulk_delete_job_artifacts_schedule,

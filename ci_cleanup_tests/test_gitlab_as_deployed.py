@@ -69,7 +69,7 @@ def test_with_only_the_main_url_every_job_needing_ci_fails_naming_the_ci_variabl
         assert row(dbs, *seeded[name]) == before[name], name
     # Its tables are all main's: it needs no ci database and works.
     result = run_job(BY_NAME["stuck_export_jobs"].job, deployed, database_url=deployed.url())
-    assert op_metadata(result, "fail_stuck_export_jobs")["failed_jobs_count"] == 1
+    assert op_metadata(result, "report_stuck_export_jobs")["failed_jobs_count"] == 1
     assert redis_client.keys("gitlab:exclusive_lease:*") == []
 
 

@@ -52,9 +52,10 @@ def first_ids(engine, query, n=100):
 
 def statements(engine):
     """(name, statement) for every job, built by the services' own functions."""
-    b, m, j = S.ci_builds, S.ci_runner_machines, S.project_export_jobs
+    b, m = S.ci_builds, S.ci_runner_machines
     builds = first_ids(engine, drop_canceling.find_batch_query(S, CUTOFF, 100, set()))
-    exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
+    with engine.connect() as conn:
+        exports = stuck_exports.enqueued_exports(conn, S, 0, stuck_exports.CHUNK_SIZE)
     envs = first_environments(engine)
     yield "drop_canceling_builds count", select(func.count()).select_from(b).where(
         drop_canceling.outdated_canceling(S, CUTOFF))
@@ -68,19 +69,24 @@ def statements(engine):
     yield "stale_runner_machines_cleanup count", select(func.count()).select_from(m).where(
         stale_machines.stale(S, DEADLINE))
     yield "stale_runner_machines_cleanup delete", stale_machines.delete_sub_batch_statement(S, DEADLINE, 100)
-    yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
-    yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
-    completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
-    yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
-    yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
-    yield "stuck_export_jobs fail and next page", stuck_exports.fail_and_page_statement(S, walk=False).params(
-        **completed, now=NOW, after_id=exports[len(exports) // 2].id, limit=1000)
+    yield from exports_statements(engine.dialect, exports)
     yield from environments_statements(engine.dialect, envs)
     a = S.ci_job_artifacts
     yield "schedule_bulk_delete_job_artifacts dry run count", select(func.count()).select_from(a).where(
         bulk_delete.expired_in_bucket(S, NOW, bulk_delete.MAX_BUCKETS, 1)
     )
     yield "schedule_bulk_delete_job_artifacts batch", artifact_batch(engine)
+
+
+def exports_statements(dialect, exports):
+    """stuck_export_jobs' SQL files, the page's cursor halfway through the first chunk."""
+    yield "stuck_export_jobs count", stuck_exports.COUNT_ENQUEUED.on(S, dialect)
+    page = {"after_id": exports[len(exports) // 2].id, "limit": stuck_exports.CHUNK_SIZE}
+    yield "stuck_export_jobs chunk", stuck_exports.ENQUEUED_PAGE.on(S, dialect).bindparams(**page)
+    yield "stuck_export_jobs walked chunk", stuck_exports.ENQUEUED_PAGE_WALKED.on(S, dialect).bindparams(**page)
+    completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
+    yield "stuck_export_jobs re-read", stuck_exports.REREAD_COMPLETED.on(S, dialect).bindparams(**completed)
+    yield "stuck_export_jobs fail", stuck_exports.FAIL_STUCK.on(S, dialect).bindparams(**completed, now=NOW)
 
 
 def environment_params(after) -> dict:

@@ -165,7 +165,7 @@ CASES = {
                                   lambda r: r.status == "failed" and r.failure_reason == 3),
     "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "delete_stale_runner_machines",
                                           "ci_runner_machines", False, _machine, lambda r: r is None),
-    "stuck_export_jobs": Case(stuck_export_jobs, "fail_stuck_export_jobs", "project_export_jobs", True, _export,
+    "stuck_export_jobs": Case(stuck_export_jobs, "report_stuck_export_jobs", "project_export_jobs", True, _export,
                               lambda r: r.status == 3),
     "environments_auto_stop": Case(environments_auto_stop, "report_stopped_environments", "environments", True,
                                    _environment, lambda r: r.state == "stopped"),
