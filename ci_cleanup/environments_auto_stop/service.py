@@ -240,9 +240,9 @@ def stop_batch(run: Run, params: dict, batch: BatchOutcome) -> None:
     """The batch as one statement on one database, else in steps in one main transaction."""
     if run.one_database and run.flags.plays:
         rows = run.execute(run.main, STOP_BATCH, params)
-        for env in rows:
-            batch.played(env.played)
-            batch.ids[outcome(env.written, env.has_stop_actions, env.auto_stop_setting, run.flags)].append(env.id)
+        for env_id, auto_stop_setting, _, has_stop_actions, _, written in rows:
+            batch.ids[outcome(written, has_stop_actions, auto_stop_setting, run.flags)].append(env_id)
+        batch.played(i for env in rows for i in env.played)
     elif run.flags.dry_run:
         rows = run.execute(run.main, FIND_BATCH, params)
         stop_picked(run, params, rows, batch)
