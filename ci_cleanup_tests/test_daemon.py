@@ -186,7 +186,7 @@ def test_dead_run_worker_check_fails_only_runs_whose_worker_is_gone(tmp_path):
             if step_pid is not None:
                 instance.report_engine_event(
                     f"Executing steps in process (pid: {step_pid})", run,
-                    EngineEventData.in_process(step_pid, ["fail_stuck_export_jobs"]),
+                    EngineEventData.in_process(step_pid, ["fail_stuck_export_jobs_in_chunks"]),
                 )
             return run
 

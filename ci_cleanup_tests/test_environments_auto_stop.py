@@ -6,11 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
+from contextlib import nullcontext
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import JSON, Integer, bindparam, literal, select, text
-from sqlalchemy.dialects.postgresql import psycopg2
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.environments_auto_stop import service
@@ -21,12 +21,13 @@ from ci_cleanup.environments_auto_stop.job import (
     environments_auto_stop,
     environments_auto_stop_schedule,
 )
+from ci_cleanup.gitlab.batching import autocommit
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
-from ci_cleanup.gitlab.schema import driver_sql
+from ci_cleanup.gitlab.schema import naive_utc
 from ci_cleanup.runs import DRY_RUN_TAG
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row, updates_refused
-from .harness import gitlab_database, on
+from .harness import gitlab_database, on, statements_sent
 from .runner import observed_per_batch, op_metadata, run_in_time_zone, run_job, step_failure_message
 
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
@@ -56,7 +57,13 @@ def review_app(engine, *, stop_status="manual", **values) -> tuple[int, int]:
 
 
 def report(result) -> dict:
-    return op_metadata(result, "stop_environments")
+    return op_metadata(result, "report_stopped_environments")
+
+
+def batch_params(now: dt.datetime) -> dict:
+    """The first batch's parameters, as the service binds them."""
+    return {"now": now, "naive_now": naive_utc(now), "after_at": service.START[0], "after_id": service.START[1],
+            "limit": service.BATCH_SIZE}
 
 
 def failure_metadata(result) -> dict:
@@ -75,26 +82,6 @@ def assert_stopped(engine, env_id: int) -> None:
     assert near_now(env.updated_at)
 
 
-def test_the_batch_statement_runs_as_driver_sql_only_while_no_parameter_needs_converting(monkeypatch):
-    dialect = psycopg2.dialect()
-    statement, fixed = service.compiled_batch_statement.__wrapped__(S, dialect)
-    assert "%(after_at)s" in statement and "%(naive_now)s" in statement
-    # The expressions' constants are in the text; only the execution's values are bound.
-    assert "environments.state = 'available'" in statement and "auto_stop_at=NULL" in statement
-    assert fixed == dict.fromkeys(["naive_now", "now", "after_at", "after_id", "limit"])
-    monkeypatch.setattr(service, "batch_statement", lambda schema: select(bindparam("flags", type_=JSON)))
-    with pytest.raises(TypeError, match=r"parameters \['flags'\] need SQLAlchemy's conversion"):
-        service.compiled_batch_statement.__wrapped__(S, dialect)
-
-
-def test_driver_sql_writes_the_constants_into_the_statement_quoted(engine):
-    statement = select(literal("50% o'clock"), literal(7), literal(None), bindparam("n", type_=Integer))
-    sql, fixed = driver_sql(statement, engine.dialect)
-    assert fixed == {"n": None}
-    with engine.connect() as conn:
-        assert tuple(conn.exec_driver_sql(sql, {"n": 3}).one()) == ("50% o'clock", 7, None, 3)
-
-
 def test_plain_environment_is_stopped(stack, engine, redis_client):
     env_id = environment(engine)
 
@@ -106,6 +93,52 @@ def test_plain_environment_is_stopped(stack, engine, redis_client):
     assert (meta["left_untouched_count"], meta["failed_count"], meta["loops"], meta["limit_reached"]) == (0, 0, 1, None)
     assert meta["stopped_ids"] == [env_id]
     assert redis_client.exists(LEASE) == 0  # released after the run
+
+
+def batch_statements_sent(engine, flags: service.Flags) -> list[tuple[str, str]]:
+    """The service run on ``engine``'s layout: each statement sent (savepoints aside), by the database it went to."""
+    main, ci = on(engine, "environments"), on(engine, "ci_builds")
+    with statements_sent(main, ci) as sent:
+        service.auto_stop_environments(main, ci, S, flags=flags)
+    return [("ci" if to is not main else "main", sql) for to, sql, _ in sent if "SAVEPOINT" not in sql]
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry run"])
+def test_each_batch_statement_sent_is_its_sql_file(stack, engine, dry_run):
+    plain, (app, stop), kept = environment(engine), review_app(engine), environment(engine, auto_stop_setting=1)
+    decomposed = on(engine, "environments") is not on(engine, "ci_builds")
+
+    sent = batch_statements_sent(engine, service.Flags(dry_run=dry_run))
+
+    def file(sql_file, in_ci=False):
+        return ("ci" if in_ci and decomposed else "main", sql_file.sent(S, on(engine, "environments").dialect))
+
+    if dry_run:
+        batch = [file(service.FIND_BATCH), file(service.FIND_STOP_ACTIONS, in_ci=True)]
+        assert sent == [*batch, file(service.FIND_BATCH)]  # the last: none left
+    elif decomposed:
+        batch = [file(service.PICK_BATCH), file(service.PLAY_STOP_ACTIONS, in_ci=True), file(service.WRITE_STATES)]
+        assert sent == [*batch, file(service.PICK_BATCH)]
+    else:
+        assert sent == [file(service.STOP_BATCH), file(service.STOP_BATCH)]
+    expected = ("available", "manual") if dry_run else ("stopping", "pending")
+    assert (row(engine, "environments", app).state, row(engine, "ci_builds", stop).status) == expected
+    assert row(engine, "environments", plain).state == ("available" if dry_run else "stopped")
+    assert row(engine, "environments", kept).state == "available"
+
+
+def test_a_refused_batch_is_done_again_environment_by_environment_with_the_same_sql_files(stack, engine):
+    good, (app, stop), bad = environment(engine), review_app(engine), environment(engine)
+    files = {f.sent(S, engine.dialect) for f in (service.STOP_BATCH, service.PICK_BATCH, service.PLAY_STOP_ACTIONS,
+                                                 service.WRITE_STATES)}
+
+    with updates_refused(engine, "environments", f"NEW.id = {bad}", "environment is broken"):
+        sent = batch_statements_sent(engine, service.Flags())
+
+    assert {sql for _, sql in sent} <= files
+    assert_stopped(engine, good)
+    assert (row(engine, "environments", app).state, row(engine, "ci_builds", stop).status) == ("stopping", "pending")
+    assert row(engine, "environments", bad).state == "available"
 
 
 def test_review_apps_with_stop_actions_go_stopping_and_their_stop_builds_pending(stack, engine, redis_client):
@@ -300,7 +333,8 @@ def test_time_limit_ends_the_loop_before_a_new_batch(stack, engine):
     ticks = iter([0.0, 10.0, 46 * 60.0])
 
     result = service.auto_stop_environments(
-        on(engine, "environments"), on(engine, "ci_builds"), S, batch_size=1, clock=lambda: next(ticks))
+        on(engine, "environments"), on(engine, "ci_builds"), S, service.Limits(batch_size=1),
+        hooks=service.Hooks(clock=lambda: next(ticks)))
 
     assert (result.loops, result.limit_reached, result.counts[service.STOPPED]) == (2, "time", 2)
     assert ids(engine, "environments", S.environments.c.state == "available") == env_ids[2:]
@@ -329,16 +363,20 @@ def test_environment_whose_stop_fails_is_reported_and_the_others_are_stopped(sta
 
 def test_environment_restarted_after_it_was_read_is_not_overwritten(stack, engine):
     env_id = environment(engine)
-    with engine.connect() as conn:
-        [read] = service.find_batch(conn, S, ago(), service.START, 100)
+    main, ci = on(engine, "environments"), on(engine, "ci_builds")
+    params = batch_params(ago())
+    with main.connect() as conn:
+        [read] = conn.execute(service.FIND_BATCH.on(S, conn.dialect), params).all()
     with engine.begin() as conn:  # a new deployment pushes auto_stop_at into the future
         conn.execute(S.environments.update().where(S.environments.c.id == env_id).values(auto_stop_at=ago(days=-1)))
     before = row(engine, "environments", env_id)
 
-    with on(engine, "environments").connect() as main, on(engine, "ci_builds").connect() as ci:
-        outcome, played = service.stop_environment(main, ci, S, read.id, ago())
+    batch = service.BatchOutcome()
+    with autocommit(main) as main_conn, (nullcontext(main_conn) if ci is main else autocommit(ci)) as ci_conn:
+        run = service.Run(main_conn, ci_conn, S, service.Flags(), service.Hooks())
+        service.stop_picked(run, params, [read], batch)
 
-    assert (outcome, played) == (service.CHANGED_CONCURRENTLY, [])
+    assert {outcome: ids for outcome, ids in batch.ids.items() if ids} == {service.CHANGED_CONCURRENTLY: [env_id]}
     assert row(engine, "environments", env_id) == before
 
 
@@ -400,7 +438,7 @@ def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):
 
     assert {t: [row(engine, t, i) for i in ids(engine, t)] for t in before} == before
     assert ids(engine, "ci_pending_builds") == []
-    would = op_metadata(result, "stop_environments")
+    would = op_metadata(result, "report_stopped_environments")
     assert (would["would_stop_count"], would["would_stop_ids"]) == (1, [plain])
     assert (would["would_set_stopping_count"], would["would_set_stopping_ids"]) == (1, [app])
     assert (would["would_start_stop_actions_count"], would["would_start_stop_action_ids"]) == (1, [stop])

@@ -69,7 +69,7 @@ def test_with_only_the_main_url_every_job_needing_ci_fails_naming_the_ci_variabl
         assert row(dbs, *seeded[name]) == before[name], name
     # Its tables are all main's: it needs no ci database and works.
     result = run_job(BY_NAME["stuck_export_jobs"].job, deployed, database_url=deployed.url())
-    assert op_metadata(result, "fail_stuck_export_jobs")["failed_jobs_count"] == 1
+    assert op_metadata(result, "report_stuck_export_jobs")["failed_jobs_count"] == 1
     assert redis_client.keys("gitlab:exclusive_lease:*") == []
 
 
@@ -226,7 +226,7 @@ def _killed_after_a_ci_commit(deployed, kill_at: int, parents) -> None:
     for engine in parents:
         engine.dispose(close=False)
     commits = itertools.count(1)
-    played_in_ci = auto_stop._stop_actions
+    played_in_ci = auto_stop.stop_actions
 
     def then_die(*args, **kwargs):
         found = played_in_ci(*args, **kwargs)
@@ -234,7 +234,7 @@ def _killed_after_a_ci_commit(deployed, kill_at: int, parents) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return found
 
-    auto_stop._stop_actions = then_die
+    auto_stop.stop_actions = then_die
     BY_NAME["environments_auto_stop"].job.execute_in_process(
         resources=_resources(deployed, main=deployed.url(), ci=deployed.ci_url()),
         run_config={"ops": {"find_auto_stoppable_environments": {"config": {"batch_size": 4}}}},
@@ -282,7 +282,7 @@ def test_a_run_killed_between_its_ci_and_main_commits_loses_and_doubles_nothing_
         redis_client.delete(f"gitlab:exclusive_lease:{auto_stop_job.LEASE_KEY}")  # the dead run's lease, expired
 
         result = run_job(BY_NAME["environments_auto_stop"].job, deployed)
-        assert op_metadata(result, "stop_environments")["rows_with_errors"] == 0
+        assert op_metadata(result, "report_stopped_environments")["rows_with_errors"] == 0
         environments, builds, queue = _state(dbs)
         assert [environments[i] for i, _ in apps] == ["stopping"] * 6, trial
         assert [environments[i] for i in plain] == ["stopped"] * 3, trial

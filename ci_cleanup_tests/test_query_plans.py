@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
@@ -52,13 +52,11 @@ def first_ids(engine, query, n=100):
 
 def statements(engine):
     """(name, statement) for every job, built by the services' own functions."""
-    j, e = S.project_export_jobs, S.environments
     with engine.connect() as conn:
         builds = drop_canceling.find_batch(conn, S, CUTOFF, 100)
-    exports = first_ids(engine, stuck_exports.enqueued_exports_query(S, 0, 1000))
-    envs = first_ids(engine, auto_stop.find_batch_query(S, NOW, auto_stop.START, 100))
+        exports = stuck_exports.enqueued_exports(conn, S, 0, stuck_exports.CHUNK_SIZE)
+    envs = first_environments(engine)
     cutoff, naive_now = CUTOFF.replace(tzinfo=None), NOW.replace(tzinfo=None)
-
     def drop_sql(sql_file, **params):
         return sql_file.on(S, engine.dialect).bindparams(cutoff=cutoff, **params)
 
@@ -73,32 +71,52 @@ def statements(engine):
         deadline=DEADLINE, limit=None)
     yield "stale_runner_machines_cleanup delete", stale_machines.SUB_BATCH.on(S, engine.dialect).bindparams(
         deadline=DEADLINE, limit=100)
-    yield "stuck_export_jobs count", select(func.count()).select_from(j).where(j.c.status.in_(stuck_exports.ENQUEUED))
-    yield "stuck_export_jobs chunk", stuck_exports.enqueued_exports_query(S, exports[len(exports) // 2].id, 1000)
-    completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
-    yield "stuck_export_jobs re-read", stuck_exports.reread_statement(S).params(**completed)
-    yield "stuck_export_jobs fail", stuck_exports.fail_statement(S).params(**completed, now=NOW)
-    yield "stuck_export_jobs fail and next page", stuck_exports.fail_and_page_statement(S, walk=False).params(
-        **completed, now=NOW, after_id=exports[len(exports) // 2].id, limit=1000)
-    yield "environments_auto_stop count", select(func.count()).select_from(e).where(auto_stop.auto_stoppable(S, NOW))
-    yield "environments_auto_stop pick", auto_stop.pick_statement(S).params(
-        now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
-    )
-    yield "environments_auto_stop batch on one database", auto_stop.batch_statement(S).params(
-        now=NOW, after_at=envs[len(envs) // 2].cursor_at, after_id=envs[len(envs) // 2].id, limit=100,
-        naive_now=NOW.replace(tzinfo=None),
-    )
-    yield "environments_auto_stop stop actions", auto_stop.stop_actions_statement(S).params(
-        environment_ids=[env.id for env in envs[:100]], deployable_ids=[env.id for env in envs[:100]],
-        on_stops=["stop_review"] * len(envs[:100]), naive_now=NOW.replace(tzinfo=None),
-    )
-    yield "environments_auto_stop states", auto_stop.state_statement(S).params(
-        now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
-        stopped_ids=[env.id for env in envs[50:100]],
-    )
+    yield from exports_statements(engine.dialect, exports)
+    yield from environments_statements(engine.dialect, envs)
     yield "schedule_bulk_delete_job_artifacts dry run count", bulk_delete.WOULD_DELETE.on(S, engine.dialect).bindparams(
         now=NOW, max_buckets=bulk_delete.MAX_BUCKETS, bucket=1, ids_limit=100)
     yield "schedule_bulk_delete_job_artifacts batch", artifact_batch(engine)
+
+
+def exports_statements(dialect, exports):
+    """stuck_export_jobs' SQL files, the page's cursor halfway through the first chunk."""
+    yield "stuck_export_jobs count", stuck_exports.COUNT_ENQUEUED.on(S, dialect)
+    page = {"after_id": exports[len(exports) // 2].id, "limit": stuck_exports.CHUNK_SIZE}
+    yield "stuck_export_jobs chunk", stuck_exports.ENQUEUED_PAGE.on(S, dialect).bindparams(**page)
+    yield "stuck_export_jobs walked chunk", stuck_exports.ENQUEUED_PAGE_WALKED.on(S, dialect).bindparams(**page)
+    completed = stuck_exports.completed_params(exports, NOW - stuck_exports.EXPORT_JOBS_EXPIRATION)
+    yield "stuck_export_jobs re-read", stuck_exports.REREAD_COMPLETED.on(S, dialect).bindparams(**completed)
+    yield "stuck_export_jobs fail", stuck_exports.FAIL_STUCK.on(S, dialect).bindparams(**completed, now=NOW)
+
+
+def environment_params(after) -> dict:
+    return {"now": NOW, "naive_now": NOW.replace(tzinfo=None), "after_at": after[0], "after_id": after[1],
+            "limit": auto_stop.BATCH_SIZE}
+
+
+def first_environments(engine):
+    with engine.connect() as conn:
+        return conn.execute(auto_stop.FIND_BATCH.on(S, conn.dialect), environment_params(auto_stop.START)).all()
+
+
+def environments_statements(dialect, envs):
+    """environments_auto_stop's SQL files, the batch's cursor halfway through the first 100 due environments."""
+    middle = envs[len(envs) // 2]
+    batch = environment_params((middle.cursor_at, middle.id))
+    yield "environments_auto_stop count", auto_stop.COUNT_AUTO_STOPPABLE.on(S, dialect).bindparams(now=NOW)
+    yield "environments_auto_stop batch on one database", auto_stop.STOP_BATCH.on(S, dialect).bindparams(**batch)
+    del batch["naive_now"]  # the pick writes nothing
+    yield "environments_auto_stop pick", auto_stop.PICK_BATCH.on(S, dialect).bindparams(**batch)
+    yield "environments_auto_stop dry run's batch", auto_stop.FIND_BATCH.on(S, dialect).bindparams(**batch)
+    deployed = {"environment_ids": [env.id for env in envs], "deployable_ids": [env.id for env in envs],
+                "on_stops": ["stop_review"] * len(envs)}
+    yield "environments_auto_stop stop actions", auto_stop.PLAY_STOP_ACTIONS.on(S, dialect).bindparams(
+        **deployed, naive_now=NOW.replace(tzinfo=None))
+    yield "environments_auto_stop dry run's stop actions", auto_stop.FIND_STOP_ACTIONS.on(S, dialect).bindparams(
+        **deployed)
+    yield "environments_auto_stop states", auto_stop.WRITE_STATES.on(S, dialect).bindparams(
+        now=NOW, naive_now=NOW.replace(tzinfo=None), stopping_ids=[env.id for env in envs[:50]],
+        stopped_ids=[env.id for env in envs[50:]])
 
 
 def artifact_batch(engine):
@@ -134,7 +152,7 @@ def test_no_candidate_query_or_batch_statement_scans_a_large_table(seeded):
             if scans := [n["Relation Name"] for n in plan
                          if n["Node Type"] == "Seq Scan" and LARGE.fullmatch(n["Relation Name"])]:
                 failures.append(f"{name}: Seq Scan on {', '.join(scans)}")
-    assert checked == 18
+    assert checked == 20
     assert failures == []
 
 

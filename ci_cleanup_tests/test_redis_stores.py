@@ -266,7 +266,7 @@ def test_a_config_folder_alone_runs_each_job_on_the_stores_gitlab_uses(
     exports = _run_configured(stuck_export_jobs, folder, capfd)
     assert (row(engine, "project_export_jobs", running).status, row(engine, "project_export_jobs", finished).status) \
         == (0, 3)
-    assert op_metadata(exports, "fail_stuck_export_jobs")["redis_sidekiq_status"] == (
+    assert op_metadata(exports, "fail_stuck_export_jobs_in_chunks")["redis_sidekiq_status"] == (
         f"default: Redis ({folder}/resque.yml production) at {stack.redis_url}")
     environment = create(engine, "environments", auto_stop_at=ago(hours=1))
     stopped = _run_configured(environments_auto_stop, folder, capfd)

@@ -165,10 +165,10 @@ CASES = {
                                   lambda r: r.status == "failed" and r.failure_reason == 3),
     "stale_runner_machines_cleanup": Case(stale_runner_machines_cleanup, "report_deleted_runner_machines",
                                           "ci_runner_machines", False, _machine, lambda r: r is None),
-    "stuck_export_jobs": Case(stuck_export_jobs, "fail_stuck_export_jobs", "project_export_jobs", True, _export,
+    "stuck_export_jobs": Case(stuck_export_jobs, "report_stuck_export_jobs", "project_export_jobs", True, _export,
                               lambda r: r.status == 3),
-    "environments_auto_stop": Case(environments_auto_stop, "stop_environments", "environments", True, _environment,
-                                   lambda r: r.state == "stopped"),
+    "environments_auto_stop": Case(environments_auto_stop, "report_stopped_environments", "environments", True,
+                                   _environment, lambda r: r.state == "stopped"),
     "schedule_bulk_delete_job_artifacts": Case(schedule_bulk_delete_job_artifacts, "report_destroyed_job_artifacts",
                                                "ci_job_artifacts", True, _artifact, lambda r: r is None),
 }
@@ -531,7 +531,7 @@ def test_nulls_in_environments_and_deployments_stop_never_crash(faults, db):
     result = run_job(environments_auto_stop, faults)
 
     assert result.success
-    assert op_metadata(result, "stop_environments")["failed_ids"] == []
+    assert op_metadata(result, "report_stopped_environments")["failed_ids"] == []
     for env_id in (no_dates, no_deployable, no_on_stop):
         assert row(engine, "environments", env_id).state == "stopped"
 

@@ -35,7 +35,7 @@ from .runner import failure_messages, op_metadata, run_job
 pytestmark = pytest.mark.layouts  # on one database and on GitLab as deployed (main + ci, PgBouncer)
 
 QUEUED, STARTED, FINISHED, FAILED = 0, 1, 2, 3
-REPORT = "fail_stuck_export_jobs"
+REPORT = "report_stuck_export_jobs"
 J = S.project_export_jobs
 
 
@@ -87,6 +87,44 @@ def test_queued_and_started_jobs_with_no_status_key_are_failed(stack, engine, re
         "jid-queued", "jid-started"]
     assert observations[1].metadata["stuck_export_jobs"].value == 2
     assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == "2"
+
+
+def chunk_statements_sent(engine, redis_client, dry_run: bool = False) -> list[str]:
+    """The service's statements, as psycopg2 was handed each, run over chunks of 2."""
+    main = on(engine, "project_export_jobs")
+    with statements_sent(main) as sent:
+        service.mark_stuck_jobs_as_failed(main, S, redis_client, ago(hours=6), service.Chunks(size=2), dry_run)
+    return [sql for _, sql, _ in sent]
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry run"])
+def test_each_chunk_statement_sent_is_its_sql_file(stack, engine, redis_client, dry_run):
+    stuck = [export_job(engine, f"jid-{i}", STARTED) for i in range(3)]
+    running = export_job(engine, "jid-running", QUEUED)
+    in_sidekiq(redis_client, "jid-running")
+
+    sent = chunk_statements_sent(engine, redis_client, dry_run)
+
+    page, dialect = service.ENQUEUED_PAGE, on(engine, "project_export_jobs").dialect
+    chunk = (service.REREAD_COMPLETED if dry_run else service.FAIL_STUCK).sent(S, dialect)
+    assert sent == [page.sent(S, dialect), chunk, page.sent(S, dialect), chunk, page.sent(S, dialect)]
+    assert ids(engine, "project_export_jobs", J.c.status == FAILED) == ([] if dry_run else stuck)
+    assert row(engine, "project_export_jobs", running).status == QUEUED
+
+
+def test_a_refused_chunk_is_failed_job_by_job_with_the_same_sql_files(stack, engine, redis_client):
+    good, bad = export_job(engine, "jid-good", STARTED), export_job(engine, "jid-bad", STARTED)
+
+    with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
+        sent = chunk_statements_sent(engine, redis_client)
+
+    dialect = on(engine, "project_export_jobs").dialect
+    page, fail, reread = (f.sent(S, dialect) for f in (service.ENQUEUED_PAGE, service.FAIL_STUCK,
+                                                         service.REREAD_COMPLETED))
+    # The chunk refused, re-read, then each of its stuck jobs failed alone (the bad one refused again).
+    assert sent == [page, fail, reread, fail, fail, page]
+    assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [good]
+    assert row(engine, "project_export_jobs", bad).status == STARTED
 
 
 def test_job_with_status_key_present_is_kept(stack, engine, redis_client):
@@ -293,11 +331,14 @@ def test_the_grace_check_probes_each_young_job_whatever_the_relation_exports_sta
             create(engine, "project_relation_exports", project_export_job_id=job_id, relation="issues")
         params = {**service.completed_params([service.Export(job_id, f"jid-{i}") for i, job_id in enumerate(young)],
                                              ago(hours=6)), "now": utc_now()}
-        (failed, spared, outcomes), read = rows_read(
-            main, lambda conn: conn.execute(service.fail_statement(S), params).one(), "project_relation_exports")
-    # The young jobs' own 10 relation exports, each read twice (the UPDATE's rule, then the spared jobs' outcomes).
-    assert (sorted(failed), spared, set(outcomes), read["project_relation_exports"]) == (
-        young[1::2], young[::2], {"parallel_in_grace"}, 20)
+        outcomes, read = rows_read(
+            main, lambda conn: dict(conn.execute(service.FAIL_STUCK.on(S, conn.dialect), params).all()),
+            "project_relation_exports")
+    # The young jobs' own 10 relation exports, each read once (the re-read's rule, which the UPDATE follows).
+    assert sorted(job_id for job_id, outcome in outcomes.items() if outcome == "failed") == young[1::2]
+    assert {job_id: outcome for job_id, outcome in outcomes.items() if outcome != "failed"} == dict.fromkeys(
+        young[::2], "parallel_in_grace")
+    assert read["project_relation_exports"] == 10
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == young[1::2]
 
 
@@ -393,8 +434,8 @@ def test_chunks_after_a_refused_chunk_and_after_one_with_nothing_to_fail_are_rea
     bad_before = row(engine, "project_export_jobs", bad)
 
     with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
-        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client, chunk_size=2,
-                                                   grace_cutoff=utc_now() - service.EXPORT_JOBS_EXPIRATION)
+        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client,
+                                                   utc_now() - service.EXPORT_JOBS_EXPIRATION, service.Chunks(size=2))
 
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [good, *later]
     assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == [bad, *running]
@@ -469,10 +510,9 @@ def many_export_jobs(conn, rows: int, status_sql: str) -> None:
     conn.execute(text("ANALYZE project_export_jobs"))
 
 
-def plan(conn, query) -> str:
-    """PostgreSQL's plan for ``query``, its parameters written in."""
-    return "\n".join(conn.execute(text(f"EXPLAIN {query.compile(conn, compile_kwargs={'literal_binds': True})}"))
-                     .scalars())
+def plan(conn, sql_file, **params) -> str:
+    """PostgreSQL's plan for ``sql_file`` with these parameters."""
+    return "\n".join(conn.execute(text("EXPLAIN " + sql_file.on(S, conn.dialect).text), params).scalars())
 
 
 def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
@@ -483,9 +523,9 @@ def test_candidate_chunk_is_read_through_gitlabs_status_index(stack, engine):
 
     with engine.connect() as conn:
         # The first op's count and first id: the status index, never min(id) read on the primary key.
-        counted = plan(conn, service.count_enqueued_query(S))
+        counted = plan(conn, service.COUNT_ENQUEUED)
         conn.execute(text("SET enable_seqscan = off"))  # an empty table would be scanned anyway
-        page = plan(conn, service.enqueued_exports_query(S, after_id=0, limit=1000))
+        page = plan(conn, service.ENQUEUED_PAGE, after_id=0, limit=1000)
     assert "index_project_export_jobs_on_status" in page
     assert "index_project_export_jobs_on_status" in counted and "pkey" not in counted
 
@@ -501,25 +541,19 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
         conn.execute(text("UPDATE project_export_jobs SET updated_at = now() WHERE id % 10 = 0"))
         conn.execute(text("ANALYZE project_export_jobs"))  # the moved rows' statistics
         enqueued = service.count_enqueued(conn, S)
-        walked = plan(conn, service.enqueued_exports_query(S, enqueued.first_id + 750, 1000, walk=True))
-        fail_and_walk = plan(conn, service.fail_and_page_statement(S, walk=True).params(
-            ids="{}", jids="{}", grace_cutoff=ago(hours=6), now=utc_now(), after_id=enqueued.first_id + 750,
-            limit=1000))
+        walked = plan(conn, service.ENQUEUED_PAGE_WALKED, after_id=enqueued.first_id + 750, limit=1000)
     assert (enqueued.count, enqueued.last_id - enqueued.first_id, enqueued.dense) == (2500, 2499, True)
     assert "Index Scan using project_export_jobs_pkey" in walked and "Sort" not in walked, walked
-    # project_export_jobs walked by its primary key; an empty side table may be scanned (its statistics say empty).
-    assert "index_project_export_jobs_on_status" not in fail_and_walk, fail_and_walk
-    assert "Seq Scan on project_export_jobs" not in fail_and_walk, fail_and_walk
+    assert "index_project_export_jobs_on_status" not in walked, walked
     with statements_sent(on(engine, "project_export_jobs")) as sent:
-        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client,
-                                                   grace_cutoff=ago(hours=6), first_id=enqueued.first_id,
-                                                   walk=enqueued.dense)
-    statements = [(parameters.get("after_id"), "status + 0" in sql) for _, sql, parameters in sent]
+        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client, ago(hours=6),
+                                                   service.Chunks(first_id=enqueued.first_id, walk=enqueued.dense))
+    pages = [(parameters["after_id"], sql) for _, sql, parameters in sent if "after_id" in parameters]
 
     assert (result.stuck, result.chunks) == (2500, 3)
     assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == []
-    # The first page, then one statement per chunk: it fails the chunk's stuck jobs and reads the next page.
-    assert statements == [(enqueued.first_id - 1 + n, True) for n in (0, 1000, 2000, 2500)]
+    walked_page = service.ENQUEUED_PAGE_WALKED.sent(S, on(engine, "project_export_jobs").dialect)
+    assert pages == [(enqueued.first_id - 1 + n, walked_page) for n in (0, 1000, 2000, 2500)]
 
 
 def test_enqueued_jobs_spread_over_the_ids_are_paged_through_gitlabs_status_index(stack, engine):
@@ -538,8 +572,8 @@ def test_pages_start_at_the_first_enqueued_job_counted_by_the_first_op(stack, en
     with engine.connect() as conn:
         assert service.count_enqueued(conn, S) == (2, first, second)
         # Given a later first id (as if the first job had been counted and finished), the pages start there.
-        result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, grace_cutoff=ago(hours=6),
-                                                   first_id=second)
+        result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, ago(hours=6),
+                                                   service.Chunks(first_id=second))
     assert (result.stuck_ids, result.candidates) == ([second], 1)
     assert ids(engine, "project_export_jobs", J.c.status == QUEUED) == [first]
     assert ids(engine, "project_export_jobs", J.c.status == FINISHED) == finished

@@ -161,9 +161,9 @@ def exports_job(engine, client, on_batch):
     with engine.connect() as conn:  # the job's first op
         enqueued = stuck_exports.count_enqueued(conn, S)
     return stuck_exports.mark_stuck_jobs_as_failed(
-        engine, S, client, grace_cutoff=utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=enqueued.first_id,
-        walk=enqueued.dense,
-        on_chunk=lambda chunk, outcome: on_batch(),
+        engine, S, client, utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION,
+        stuck_exports.Chunks(first_id=enqueued.first_id, walk=enqueued.dense),
+        hooks=stuck_exports.Hooks(on_chunk=lambda chunk, outcome: on_batch()),
     ).stuck
 
 
@@ -206,7 +206,8 @@ DUE = "state = 'available' AND auto_stop_at < :now"
 
 def envs_job(engine, client, on_batch):
     result = auto_stop.auto_stop_environments(
-        engine, engine, S, max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1), on_batch=lambda b: on_batch()
+        engine, engine, S, auto_stop.Limits(max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1)),
+        hooks=auto_stop.Hooks(on_batch=lambda b: on_batch()),
     )
     return result.counts[auto_stop.STOPPED] + result.counts[auto_stop.STOPPING]
 

@@ -1,6 +1,6 @@
 """``Environments::AutoStopCronWorker`` (and the ``AutoStopWorker`` it enqueues) on Dagster, as a job.
 
-find (schema check, lease, count) -> stop (the batches; then the run's totals, lease released).
+find (schema check, lease, count) -> stop in batches -> report (the run's totals, lease released).
 """
 
 import datetime as dt
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, finish, linear, start
+from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import missing_unique_index, utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
@@ -74,21 +74,22 @@ def find_auto_stoppable_environments(
     )
 
 
+@dataclass(frozen=True)
+class StoppedEnvironments:
+    """What the batches did, with the plan they followed: the report op's input."""
+
+    plan: AutoStopPlan
+    result: service.AutoStopResult
+
+
 @op
-def stop_environments(
+def stop_environments_in_batches(
     context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> None:
-    """Stop the environments batch by batch, the batches observed on the environments table; then give the lease
-    back and put the run's totals on it. A dry run decides each environment's outcome the same way and changes
-    nothing."""
-    report_auto_stop(context, plan, stop_batches(context, plan, gitlab_db, gitlab_redis), gitlab_redis)
-
-
-def stop_batches(
-    context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> service.AutoStopResult:
+) -> StoppedEnvironments:
+    """Stop the environments batch by batch, each batch observed on the environments table. A dry run decides each
+    environment's outcome the same way and changes nothing."""
     if plan.start.mode is RunMode.SKIPPED:
-        return service.AutoStopResult()
+        return StoppedEnvironments(plan, service.AutoStopResult())
     dry_run = plan.start.mode is RunMode.DRY_RUN
     renew_lease = LEASE.keeper(context, gitlab_redis)
     observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments")
@@ -111,21 +112,23 @@ def stop_batches(
     def report_error(environment_id: int, error: BaseException) -> None:
         track_exception(context, error, environment_id=environment_id)
 
+    schema = gitlab_db.schema
+    limits = service.Limits(plan.batch_size, plan.max_loops, dt.timedelta(minutes=plan.max_runtime_minutes))
+    flags = service.Flags(dry_run=dry_run, play_stop_actions=plan.missing_index is None)
     with observer:
-        return service.auto_stop_environments(
-            gitlab_db.engine_for(gitlab_db.schema.environments), gitlab_db.engine_for(gitlab_db.schema.ci_builds),
-            gitlab_db.schema,
-            batch_size=plan.batch_size, max_loops=plan.max_loops,
-            max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), dry_run=dry_run,
-            play_stop_actions=plan.missing_index is None, max_ids=MAX_IDS_REPORTED,
-            on_batch=on_batch, report_error=report_error,
+        result = service.auto_stop_environments(
+            gitlab_db.engine_for(schema.environments), gitlab_db.engine_for(schema.ci_builds), schema, limits, flags,
+            service.Hooks(on_batch=on_batch, report_error=report_error), max_ids=MAX_IDS_REPORTED,
         )
+    return StoppedEnvironments(plan, result)
 
 
-def report_auto_stop(
-    context: OpExecutionContext, plan: AutoStopPlan, result: service.AutoStopResult, gitlab_redis: GitLabRedis
+@op
+def report_stopped_environments(
+    context: OpExecutionContext, stopped: StoppedEnvironments, gitlab_redis: GitLabRedis
 ) -> None:
     """Give the lease back and put the run's totals on it; fail the run if the database lacks GitLab's index."""
+    plan, result = stopped.plan, stopped.result
     ran = plan.start.runs
     counts = result.counts if ran else {o: 0 for o in result.counts}
     totals = {
@@ -172,7 +175,8 @@ def report_auto_stop(
 
 
 environments_auto_stop, environments_auto_stop_schedule = batch_job(
-    "environments_auto_stop", linear(find_auto_stoppable_environments, stop_environments),
+    "environments_auto_stop",
+    find_process_report(find_auto_stoppable_environments, stop_environments_in_batches, report_stopped_environments),
     description="Stop environments whose auto-stop time has passed (Environments::AutoStopCronWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 50-minute alert).
     seed="003", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,

@@ -1,6 +1,6 @@
 """``StuckExportJobsWorker`` on Dagster, as a job and its hourly schedule.
 
-find (schema check, count) -> fail (the chunks; then the run's totals, the stuck_export_jobs event).
+find (schema check, count) -> fail in chunks -> report (the run's totals, the stuck_export_jobs event).
 No lease: GitLab's worker relies on its two checks (Sidekiq status, then the row re-read and a guarded
 update), which make a repeated or concurrent run harmless.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, finish, linear, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, observe, track_exception
@@ -64,22 +64,22 @@ def find_enqueued_export_jobs(
     return StuckExportPlan(begun, grace_cutoff, config.chunk_size, enqueued.count, enqueued.first_id, enqueued.dense)
 
 
+@dataclass(frozen=True)
+class FailedExportJobs:
+    """What the chunks did, with the plan they followed: the report op's input."""
+
+    plan: StuckExportPlan
+    result: service.StuckResult
+
+
 @op
-def fail_stuck_export_jobs(
+def fail_stuck_export_jobs_in_chunks(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> None:
+) -> FailedExportJobs:
     """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the
-    database refuses it), the chunks observed on the table; then GitLab's log line and event. A dry run asks the
-    same questions and changes nothing."""
-    report_stuck_export_jobs(context, plan, fail_chunks(context, plan, gitlab_db, gitlab_redis))
-
-
-def fail_chunks(
-    context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
-) -> service.StuckResult:
-    """The service's chunks, observed."""
-    # Each chunk's numbers and failed jobs, observed on the table at a bounded rate (an event per chunk cost as much
-    # as the chunk's own SQL); a dry run observes nothing, its report lists what would fail.
+    database refuses it), each chunk observed on the table. A dry run asks the same questions and changes nothing."""
+    # Each chunk's numbers and failed jobs, observed on the table at a bounded rate; a dry run observes nothing,
+    # its report lists what would fail.
     observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs")
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
@@ -95,17 +95,20 @@ def fail_chunks(
     # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
     # Redis errors do), and the next hour's run picks up.
     context.add_output_metadata(gitlab_redis.store_used("sidekiq_status"))
+    schema = gitlab_db.schema
     with observer:
-        return service.mark_stuck_jobs_as_failed(
-            gitlab_db.engine_for(gitlab_db.schema.project_export_jobs), gitlab_db.schema, gitlab_redis.sidekiq_status,
-            grace_cutoff=plan.grace_cutoff, chunk_size=plan.chunk_size, dry_run=plan.start.mode is RunMode.DRY_RUN,
-            max_ids=MAX_IDS_REPORTED, first_id=plan.first_id, walk=plan.walk, on_chunk=on_chunk,
-            report_error=report_error,
+        result = service.mark_stuck_jobs_as_failed(
+            gitlab_db.engine_for(schema.project_export_jobs), schema, gitlab_redis.sidekiq_status, plan.grace_cutoff,
+            service.Chunks(plan.chunk_size, plan.first_id, plan.walk), dry_run=plan.start.mode is RunMode.DRY_RUN,
+            hooks=service.Hooks(on_chunk=on_chunk, report_error=report_error), max_ids=MAX_IDS_REPORTED,
         )
+    return FailedExportJobs(plan, result)
 
 
-def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan, result: service.StuckResult) -> None:
+@op
+def report_stuck_export_jobs(context: OpExecutionContext, failed: FailedExportJobs) -> None:
     """GitLab's 'Marked stuck export jobs as failed' log line and its stuck_export_jobs event."""
+    plan, result = failed.plan, failed.result
     if not plan.start.runs:
         finish(
             context, plan.start,
@@ -141,7 +144,8 @@ def report_stuck_export_jobs(context: OpExecutionContext, plan: StuckExportPlan,
 
 
 stuck_export_jobs, stuck_export_jobs_schedule = batch_job(
-    "stuck_export_jobs", linear(find_enqueued_export_jobs, fail_stuck_export_jobs),
+    "stuck_export_jobs",
+    find_process_report(find_enqueued_export_jobs, fail_stuck_export_jobs_in_chunks, report_stuck_export_jobs),
     description="Fail project exports whose Sidekiq job is gone (StuckExportJobsWorker)",
     seed="002", max_runtime_seconds=MAX_RUNTIME_SECONDS, cron="30 * * * *",  # GitLab's cron: every hour at :30
 )
