@@ -1,4 +1,4 @@
-"""The skeleton every batch job shares, written once: find -> act -> report, as GitLab's cron workers are built.
+"""The skeleton every batch job shares, written once: find candidates -> process batch -> emit metadata.
 
 A GitLab cron worker is a few lines of scheduling and locking around its service (e.g.
 ``Ci::StuckBuilds::DropCancelingWorker`` takes an ``ExclusiveLease`` and calls
@@ -192,19 +192,6 @@ def finish(
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
     report_run(context, {"status": status, **metadata, **dry}, tags)
-
-
-def linear(find: OpDefinition, act: OpDefinition) -> Callable[[], None]:
-    """The graph of every job: find's plan goes to act, which does the work and reports the run's totals.
-
-    Two ops, not three: each output handed from one op to the next is four events in the run's log (about
-    5 ms each on a PostgreSQL instance), and a report op of its own took two more inputs.
-    """
-
-    def graph() -> None:
-        act(find())
-
-    return graph
 
 
 def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDefinition) -> Callable[[], None]:

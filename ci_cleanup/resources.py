@@ -43,7 +43,6 @@ from .gitlab.release import RELEASE_TABLES, Release, detect_release, read_catalo
 from .gitlab.schema import (
     CI_DATABASE,
     MAIN_DATABASE,
-    STATEMENT_PREFIX,
     GitLabSchema,
     SchemaMismatch,
     database_of,
@@ -244,10 +243,6 @@ class GitLabDatabase(ConfigurableResource):
             if statement.startswith(("ROLLBACK", "RELEASE", "SAVEPOINT")):
                 return statement, parameters
             return limit + statement, parameters
-
-        @event.listens_for(engine, "connect")
-        def _prefix_for_one_row(_dbapi_connection, record):
-            record.info[STATEMENT_PREFIX] = limit  # what one_row sends first, on the cursor the listener never sees
 
         where = f"{_DATABASE_NAMES[database]} at {self._where(database)}"
 

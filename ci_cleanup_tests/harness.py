@@ -133,7 +133,7 @@ class DeployedStack:
 @contextlib.contextmanager
 def statements_sent(*engines: Engine) -> Iterator[list[tuple[Engine, str, object]]]:
     """Every statement sent on these engines' connections while inside (its engine, its SQL, its parameters), through
-    SQLAlchemy or on a connection's own cursor (a batch statement's, ``one_row``), as psycopg2 is handed it."""
+    SQLAlchemy or on a connection's own cursor, as psycopg2 is handed it."""
     sent: list[tuple[Engine, str, object]] = []
 
     def recording(engine: Engine) -> type:

@@ -28,7 +28,7 @@ from ..drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH
 from ..drop_canceling_builds.service import TIMEOUT
 from ..environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
 from ..gitlab import artifact_buckets, sidekiq_status
-from ..gitlab.schema import array_literal, naive_utc, utc_now
+from ..gitlab.schema import naive_utc, utc_now
 from ..schedule_bulk_delete_job_artifacts.service import (
     BATCH_SIZE as ARTIFACTS_BATCH,
 )
@@ -144,8 +144,8 @@ def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
     ids: list = []
     jids: list = []
     while True:
-        cur.execute(EXPORTS, {"after": after, "limit": CHUNK_SIZE, "ids": array_literal(ids),
-                              "jids": array_literal(jids), "grace_cutoff": grace_cutoff, "now": utc_now()})
+        cur.execute(EXPORTS, {"after": after, "limit": CHUNK_SIZE, "ids": list(ids),
+                              "jids": list(jids), "grace_cutoff": grace_cutoff, "now": utc_now()})
         failed, page_ids, page_jids = cur.fetchone()
         total += failed
         if not page_ids:

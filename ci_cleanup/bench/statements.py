@@ -176,7 +176,7 @@ class Recording(psycopg2.extensions.cursor):
 
 def record_job(job: str) -> None:
     """The job run in this process with its own resources, as a launch runs it; every statement its GitLab
-    connections send recorded, through SQLAlchemy or on their own cursors (a batch statement's, ``one_row``), with
+    connections send recorded, through SQLAlchemy or on their own cursors, with
     the BEGIN and COMMIT psycopg2 sends around a transaction's."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine

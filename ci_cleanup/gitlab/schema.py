@@ -26,7 +26,6 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    ColumnElement,
     DateTime,
     FetchedValue,
     Integer,
@@ -37,16 +36,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    bindparam,
-    cast,
     func,
     text,
 )
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql.base import ischema_names
-from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.types import NullType
 
 _POSTGRESQL = postgresql.dialect()
@@ -79,102 +74,6 @@ def utc_now() -> dt.datetime:
 def naive_utc(moment: dt.datetime) -> dt.datetime:
     """The value to compare with or write to a ``timestamp without time zone`` column (UTC by GitLab's rule)."""
     return moment.astimezone(dt.UTC).replace(tzinfo=None)
-
-
-def array_param(name: str, item_type, values=None) -> ColumnElement:
-    """The bound array ``name``, sent as one PostgreSQL array literal (:func:`array_literal`) and cast by the server.
-    A Python list would reach the server as ``ARRAY[…]``: a constant per element to parse and cast, about 2 µs each,
-    a millisecond per batch for a few arrays of 100. ``values``: bound already, else at execution."""
-    param = bindparam(name, type_=String) if values is None else bindparam(name, array_literal(values), type_=String)
-    return cast(param, ARRAY(item_type))
-
-
-@functools.lru_cache(maxsize=32)
-def driver_sql(statement: Executable, dialect: Dialect) -> tuple[str, dict]:
-    """``statement`` compiled for ``dialect``, to run as driver SQL (``Connection.exec_driver_sql``, or :func:`one_row`
-    for a batch statement): its SQL and its named parameters (their values when bound already), for a statement run
-    once per batch and built once; compiled once per statement (cached: pass a statement built once, and never change
-    the parameters returned).
-
-    The constants of its expressions (statuses, names, NULL: SQLAlchemy's unnamed parameters) are written into the
-    SQL, quoted by SQLAlchemy, once: psycopg2 interpolates parameters into the text on the client anyway, so
-    PostgreSQL reads the same statement, and psycopg2 no longer adapts them at each execution (19 of
-    environments_auto_stop's 24, 125,000 instructions a batch, callgrind).
-
-    SQLAlchemy would otherwise build the statement's cache key again for each execution, 0.18 ms of a batch's client
-    work for environments_auto_stop's statement. Driver SQL skips SQLAlchemy's conversion of the values bound: refused
-    for a parameter whose type would convert its value (an ``ARRAY`` does: bind arrays with :func:`array_param`;
-    datetimes, text and integers psycopg2 binds itself). Arrays come back from psycopg2 as lists. The statement
-    timeout still reaches it (a cursor listener; :func:`one_row` sends it itself).
-    """
-    compiled = statement.compile(dialect=dialect)
-    converted = sorted(name for name, bind in compiled.binds.items() if bind.type.bind_processor(dialect))
-    if converted:
-        raise TypeError(f"parameters {converted} need SQLAlchemy's conversion: execute the statement instead")
-    sql, bound = str(compiled), {}
-    for name, value in compiled.params.items():
-        bind = compiled.binds[name]
-        render = bind.type.literal_processor(dialect)
-        if not bind.unique or bind.required or (value is not None and render is None):
-            bound[name] = value  # named: bound at execution
-        else:  # a constant of an expression: written into the text once, not adapted by psycopg2 at each execution
-            sql = sql.replace(f"%({name})s", "NULL" if value is None else render(value))
-    return sql, bound
-
-
-def execute_driver_sql(conn: Connection, statement: Executable, parameters: dict | None = None) -> CursorResult:
-    """``statement`` (built once) run as driver SQL (:func:`driver_sql`), ``parameters`` over those it bound: no cache
-    key built again at each execution, as ``Connection.execute`` builds one. For a batch's other statements (the flags
-    read, a batch done in steps); its one-row batch statement goes through :func:`one_row`."""
-    sql, fixed = driver_sql(statement, conn.dialect)
-    return conn.exec_driver_sql(sql, {**fixed, **(parameters or {})})
-
-
-# A connection's statement prefix (the resource's statement timeout), in its DBAPI connection's info:
-# :func:`one_row` sends it as the engine's cursor listener would.
-STATEMENT_PREFIX = "ci_cleanup.statement_prefix"
-
-
-def one_row(conn: Connection, statement: str, parameters: dict) -> tuple:
-    """Driver SQL's one row (:func:`driver_sql`), a batch statement's, sent on the connection's own psycopg2 cursor:
-    SQLAlchemy's execution around it (its events, its result and that result's metadata) cost the client 0.08 ms a
-    call in a loop, and drop_canceling_builds' run 0.12 ms a 100-build batch (thread CPU, in-process runs of 1,000
-    batches alternating with ``exec_driver_sql``'s). The connection's statement prefix goes first
-    (:data:`STATEMENT_PREFIX`); an error is SQLAlchemy's own, through its handling of a DBAPI error (the engine's
-    ``handle_error`` listeners name a timeout or a lost server; a lost connection is invalidated).
-
-    Only on an autocommit connection (each batch statement its own transaction) or inside a transaction begun on
-    it: elsewhere psycopg2 would open a transaction SQLAlchemy does not know of, and the connection's return to the
-    pool would roll the batch back."""
-    if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT" and not conn.in_transaction():
-        raise RuntimeError("one_row needs an autocommit connection or a transaction begun on it")
-    sql = conn.info.get(STATEMENT_PREFIX, "") + statement
-    cursor = conn.connection.cursor()
-    try:
-        cursor.execute(sql, parameters)
-        return cursor.fetchone()
-    except conn.dialect.loaded_dbapi.Error as e:
-        conn._handle_dbapi_exception(e, sql, parameters, cursor, None)  # raises; SQLAlchemy 2.0 and 2.1 alike
-        raise
-    finally:
-        cursor.close()
-
-
-def int_array(text: str | None) -> list[int | None]:
-    """A PostgreSQL integer array as text (``{1,NULL,3}``; NULL: none) read into a list. psycopg2 reads an integer
-    array itself, 700 instructions an element: a statement returns an array as text where most of it is never
-    read."""
-    if not text or text == "{}":
-        return []
-    return [None if v == "NULL" else int(v) for v in text[1:-1].split(",")]
-
-
-def array_literal(values) -> str:
-    """``values`` as a PostgreSQL array literal for :func:`array_param`: each element double-quoted, its backslashes
-    and double quotes escaped; None as NULL."""
-    return "{" + ",".join(
-        "NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
-    ) + "}"
 
 
 # Where each table lives (GitLab's ``db/docs/<table>.yml``, ``gitlab_schema``): the CI tables in the ``ci`` database
