@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 
 import psycopg2.errors
 import redis
@@ -300,6 +301,8 @@ class GitLabDatabase(ConfigurableResource):
     def schema(self) -> GitLabSchema:
         """GitLab's tables as the ci database has them (:func:`~ci_cleanup.gitlab.schema.detect_tables`)."""
         assert self._tables is not None, "GitLabDatabase used outside a run"
+        if not self._tables.absent and self.release.absent:
+            self._tables = replace(self._tables, absent=self.release.absent)
         return self._tables
 
     @property
@@ -308,11 +311,11 @@ class GitLabDatabase(ConfigurableResource):
         if self._release is None:
             by_database: dict[str, list[str]] = {}
             for field in RELEASE_TABLES:
-                by_database.setdefault(self._database(getattr(self.schema, field)), []).append(field)
+                by_database.setdefault(self._database(getattr(self._tables, field)), []).append(field)
             facts = []
             for fields in by_database.values():
-                with self.engine_for(getattr(self.schema, fields[0])).connect() as conn:
-                    facts.append(read_catalog(conn, self.schema, fields))
+                with self.engine_for(getattr(self._tables, fields[0])).connect() as conn:
+                    facts.append(read_catalog(conn, self._tables, fields))
             self._release = detect_release(facts)
         return self._release
 

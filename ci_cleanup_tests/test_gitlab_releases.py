@@ -1,9 +1,8 @@
 """Every job on GitLab's schema at each release vendored (``ci_cleanup/gitlab/sql/versions/``), one database each.
 
 Each test seeds a few rows, some the job's rule must change and some it must not, with only the columns that release
-has, runs the job through Dagster and asserts the exact rows after. Where a job cannot yet be right on a release
-(its statements need a per-release change, ``docs/gitlab-releases.md``), the case asserts the right outcome and is an
-xfail(strict=True) naming what is missing: the list of cases left. A GitLab older than 16.0 is refused untouched.
+has, runs the job through Dagster and asserts the exact rows after: each job does that release's GitLab's work
+(``docs/gitlab-releases.md``). A GitLab older than 16.0 is refused untouched.
 """
 
 from __future__ import annotations
@@ -64,15 +63,6 @@ EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
                                           {name: name not in _17_0_LACKS for name in KNOWN["17.x"].features})}
 
 # (job, release) -> what its statements lack there: the case asserts GitLab's outcome and fails until they have it.
-NOT_YET = {
-    **{("environments_auto_stop", release): f"environments.auto_stop_setting is read and required; {release} lacks "
-       "it (GitLab < 17.7 stops every environment without stop actions)" for release in ("16.0", GITLAB_17_0)},
-    **{("schedule_bulk_delete_job_artifacts", release): f"ci_deleted_objects.project_id is written and required; "
-       f"{release} lacks it (GitLab < 17.4 records file_store, store_dir, file and pick_up_at only)"
-       for release in ("16.0", GITLAB_17_0)},
-}
-
-
 @dataclass(frozen=True)
 class ReleaseDb:
     """A release's database(s): one, or (``18.y-deployed``) main and ci, reached by the jobs through PgBouncer."""
@@ -194,10 +184,7 @@ def release_db(request, stack, servers_dir):
 
 @pytest.fixture
 def db(request, release_db, redis_client) -> ReleaseDb:
-    """The release's database(s) emptied; the case marked xfail where :data:`NOT_YET` says it cannot pass yet."""
-    job = request.node.originalname.removeprefix("test_").split("__")[0]
-    if (job, release_db.base) in NOT_YET:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=NOT_YET[job, release_db.base]))
+    """The release's database(s) emptied."""
     release_db.empty()
     return release_db
 

@@ -2,7 +2,9 @@
 -- Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now), paged by the cursor
 -- (auto_stop_at, id); each with its last successful deployment (status 2 = success).
 SELECT environments.id,
-       environments.auto_stop_setting,
+       -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
+       environments.auto_stop_setting,  -- if environments.auto_stop_setting
+       0 AS auto_stop_setting,  -- unless environments.auto_stop_setting
        CAST(environments.auto_stop_at AS text) AS cursor_at,
        last_deployment.deployable_id,
        last_deployment.on_stop

@@ -7,7 +7,9 @@
 -- Locked until the batch is written: an environment restarted meanwhile (a new deployment pushes auto_stop_at)
 -- is re-checked by PostgreSQL and not picked, and none is restarted between its stop actions and its state.
 SELECT environments.id,
-       environments.auto_stop_setting,
+       -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
+       environments.auto_stop_setting,  -- if environments.auto_stop_setting
+       0 AS auto_stop_setting,  -- unless environments.auto_stop_setting
        CAST(environments.auto_stop_at AS text) AS cursor_at,
        last_deployment.deployable_id,
        last_deployment.on_stop

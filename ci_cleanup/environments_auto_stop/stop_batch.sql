@@ -4,7 +4,9 @@
 -- the cursor (auto_stop_at, id), locked; each with its last successful deployment (status 2 = success).
 WITH picked AS (
   SELECT environments.id,
-         environments.auto_stop_setting,
+         -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
+         environments.auto_stop_setting,  -- if environments.auto_stop_setting
+         0 AS auto_stop_setting,  -- unless environments.auto_stop_setting
          environments.auto_stop_at,
          CAST(environments.auto_stop_at AS text) AS cursor_at,
          last_deployment.deployable_id,
@@ -59,7 +61,8 @@ stopped AS (
   UPDATE environments
   SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive_now
   WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE id NOT IN (SELECT environment_id FROM actions)))
-    AND state = 'available' AND auto_stop_at < :now AND auto_stop_setting = 0
+    AND state = 'available' AND auto_stop_at < :now
+    AND auto_stop_setting = 0  -- if environments.auto_stop_setting
   RETURNING id, state
 ),
 written AS (

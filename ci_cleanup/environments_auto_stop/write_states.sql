@@ -12,7 +12,7 @@ stopped AS (
   UPDATE environments
   SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive_now
   WHERE id = ANY(CAST(:stopped_ids AS bigint[])) AND state = 'available' AND auto_stop_at < :now
-    AND auto_stop_setting = 0
+    AND auto_stop_setting = 0  -- if environments.auto_stop_setting
   RETURNING id, state
 )
 SELECT id, state FROM stopping

@@ -99,6 +99,14 @@ class Release:
             features={name: column in facts[table].columns for name, (table, column) in COLUMN_FEATURES.items()},
         )
 
+    @property
+    def absent(self) -> frozenset[str]:
+        """The columns of :data:`COLUMN_FEATURES` this release lacks, as a batch's .sql files name them
+        (``environments.auto_stop_setting``): :mod:`~ci_cleanup.gitlab.sql_files` leaves out their lines."""
+        named = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
+        return frozenset(f"{named.get(table, table)}.{column}" for name, (table, column) in COLUMN_FEATURES.items()
+                         if not self.features[name])
+
     def refusal(self, schema: GitLabSchema) -> str | None:
         """Why this GitLab is older than :data:`OLDEST_SUPPORTED`, in one line; None when it is not. Builds without
         ``partition_id`` are (GitLab partitions them from 16.0 on); what else 16.0 has and this lacks is named too."""

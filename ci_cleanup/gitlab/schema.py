@@ -288,6 +288,8 @@ class GitLabSchema:
     ci_deleted_objects: Table
     features: Table
     feature_gates: Table
+    # ``table.column`` (as the .sql files name them) of the columns only some releases have that this one lacks
+    absent: frozenset[str] = frozenset()
 
 
 @functools.cache
@@ -318,7 +320,8 @@ def declared_tables(schema: GitLabSchema) -> dict[str, Table]:
     """Each table under the name GitLab ships it with today (``p_ci_builds``, ``ci_pending_builds``, …), as this
     database has it: what a batch's ``.sql`` file names (:mod:`~ci_cleanup.gitlab.sql_files`)."""
     renamed = {"ci_builds": ci_builds.name, "ci_job_artifacts": ci_job_artifacts.name}
-    return {renamed.get(f.name, f.name): getattr(schema, f.name) for f in fields(schema) if f.name != "metadata"}
+    return {renamed.get(f.name, f.name): getattr(schema, f.name) for f in fields(schema)
+            if f.name not in ("metadata", "absent")}
 
 
 PARTITIONED, FLAT = "partitioned", "flat"

@@ -4,6 +4,10 @@ A file names GitLab's tables as GitLab does today (``p_ci_builds``, ``ci_pending
 as ``:name`` parameters, never as text. Before it is sent, each table name is replaced by the table this database
 has (the flat ``ci_builds`` of an older GitLab, a configured name), quoted as PostgreSQL needs it. Lines that are
 only a comment stay in the file for the reader and are not sent.
+
+A column only some GitLab releases have is used on lines that end ``-- if <table>.<column>`` (sent only where the
+database has it) or ``-- unless <table>.<column>`` (sent only where it lacks it), e.g. what that release's GitLab
+does instead: one file reads right on every release (``docs/gitlab-releases.md``).
 """
 
 from __future__ import annotations
@@ -47,13 +51,23 @@ def _read(package: str, name: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _statement(sql_file: SqlFile, schema: GitLabSchema, dialect: Dialect) -> TextClause:
-    return text(render(sql_file.source, declared_tables(schema), dialect))
+    return text(render(sql_file.source, declared_tables(schema), dialect, schema.absent))
 
 
-def render(sql: str, tables: dict[str, Table], dialect: Dialect) -> str:
-    """``sql`` without its comment lines, each table named as ``tables`` has it (one pass: no name is replaced
-    twice)."""
-    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--")).strip()
+_RELEASE_LINE = re.compile(r"--\s*(if|unless)\s+(\w+\.\w+)\s*$")
+
+
+def _sent(line: str, absent: frozenset[str]) -> bool:
+    if line.lstrip().startswith("--"):
+        return False
+    marked = _RELEASE_LINE.search(line)
+    return marked is None or (marked.group(1) == "if") == (marked.group(2) not in absent)
+
+
+def render(sql: str, tables: dict[str, Table], dialect: Dialect, absent: frozenset[str] = frozenset()) -> str:
+    """``sql`` without its comment lines and the lines for the columns ``absent`` (``table.column``) or not, each
+    table named as ``tables`` has it (one pass: no name is replaced twice)."""
+    body = "\n".join(line for line in sql.splitlines() if _sent(line, absent)).strip()
     names = {declared: dialect.identifier_preparer.format_table(table) for declared, table in tables.items()}
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
     return pattern.sub(lambda found: names[found.group(1)], body)

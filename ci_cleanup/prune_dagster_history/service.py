@@ -44,7 +44,7 @@ DELETING_KEY = "ci_cleanup/prune_dagster_history/deleting"  # JSON list of the r
 SUMMARISED_KEY = "ci_cleanup/prune_dagster_history/summarised_through"  # last UTC day whose totals are written
 
 _ONE_DAY = dt.timedelta(days=1)
-_JUST_BEFORE = dt.timedelta(microseconds=1)  # RunsFilter.updated_after is strict: ">= midnight" is "> a microsecond before midnight"
+_JUST_BEFORE = dt.timedelta(microseconds=1)  # RunsFilter.updated_after is strict: ">=" is "> just before"
 
 
 def history_asset_key(job_name: str) -> AssetKey:

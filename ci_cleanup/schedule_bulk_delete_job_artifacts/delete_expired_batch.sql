@@ -47,8 +47,13 @@ paths AS (
   FROM deleted
 ),
 recorded AS (
-  INSERT INTO ci_deleted_objects (file_store, store_dir, file, project_id, pick_up_at)
-  SELECT coalesce(file_store, 1),
+  -- GitLab before 17.4 records no project_id (Ci::DeletedObject.bulk_import): those lines are left out there.
+  INSERT INTO ci_deleted_objects (
+    project_id,  -- if ci_deleted_objects.project_id
+    file_store, store_dir, file, pick_up_at)
+  SELECT
+         project_id,  -- if ci_deleted_objects.project_id
+         coalesce(file_store, 1),
          -- dirname as Python's posixpath: trailing slashes stripped, unless it is all slashes
          CASE WHEN final_path IS NOT NULL
               THEN CASE WHEN final_head ~ '^/*$' THEN final_head ELSE rtrim(final_head, '/') END
@@ -56,7 +61,6 @@ recorded AS (
                              to_char(timezone('UTC', created_at), 'YYYY_MM_DD'), job_id, id)
          END,
          CASE WHEN final_path IS NOT NULL THEN regexp_replace(final_path, '^.*/', '') ELSE file END,
-         project_id,
          least(greatest(expire_at, :earliest), :latest)
   FROM paths
   WHERE final_path IS NOT NULL OR (nullif(file, '') IS NOT NULL AND created_at IS NOT NULL)
