@@ -196,7 +196,12 @@ def finish(
         lease.of_run(context, gitlab_redis.leases).cancel()
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
-    report_run(context, {"status": status, **metadata, **dry}, tags)
+    if begun.mode is RunMode.DRY_RUN:
+        # In the run's log, so that a dry run launched from a terminal (``dagster job execute``) shows its result.
+        counts = ", ".join(f"{k} {v}" for k, v in dry.items() if isinstance(v, int) and not isinstance(v, bool))
+        context.log.info(f"Dry run, nothing changed: {counts or 'nothing would change'}")
+    # What would change leads a dry run's metadata, ahead of the totals of what it did (nothing).
+    report_run(context, {**dry, "status": status, **{k: v for k, v in metadata.items() if k not in dry}}, tags)
 
 
 def linear(find: OpDefinition, act: OpDefinition) -> Callable[[], None]:

@@ -35,6 +35,7 @@ from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
 from .resources import (
+    AuthenticationFailed,
     GitLabRedis,
     ServiceUnavailable,
     _redis_client,
@@ -43,6 +44,7 @@ from .resources import (
     job_resources,
     redact_redis_url,
     store_client,
+    unreachable,
 )
 from .runs import ROWS_CHANGED
 
@@ -71,6 +73,8 @@ class CliError(Exception):
 def _what_to_do(error: Exception) -> str:
     if isinstance(error, CliError):
         return error.hint
+    if isinstance(error, AuthenticationFailed):
+        return f"The server is up and refused the user or password: check them in the URL named above {DEBUG_HINT}"
     if isinstance(error, ServiceUnavailable):
         return f"Check that the server named above is up and that its URL is right {DEBUG_HINT}"
     if isinstance(error, SchemaMismatch):
@@ -138,7 +142,7 @@ def gitlab_engine(url: str) -> tuple[Engine, str]:
     except SQLAlchemyError as e:
         engine.dispose()
         reason = str(getattr(e, "orig", e)).strip()
-        raise ServiceUnavailable(f"Cannot reach the GitLab database (PostgreSQL) at {where}: {reason}") from None
+        raise unreachable(f"the GitLab database (PostgreSQL) at {where}", reason) from None
     return engine, where
 
 

@@ -351,7 +351,7 @@ def plan_artifact_file_removal(
         if begun.mode is RunMode.DRY_RUN:
             preview = files.preview(conn, schema, Path(root) if root else None, utc_now(), MAX_IDS_REPORTED)
             would = {
-                **{f"would_{k}": v for k, v in _files_counts(preview).items()},
+                **{WOULD[k]: v for k, v in _files_counts(preview).items()},
                 "would_delete_row_ids": (preview.removed + preview.missing)[:MAX_IDS_REPORTED],
                 "object_storage_ids": preview.object_storage[:MAX_IDS_REPORTED],
                 "refused": [f"row {i}: {why}" for i, why in preview.refused[:MAX_IDS_REPORTED]],
@@ -363,6 +363,14 @@ def plan_artifact_file_removal(
          **begun.metadata}
     )
     return FilesPlan(begun, root, config.batch_size, config.max_batches, due_by_store, would)
+
+
+# A dry run's names for _files_counts' keys, read as what a run would do to each row.
+WOULD = {
+    "removed": "would_remove_files", "missing": "would_drop_rows_of_missing_files",
+    "object_storage": "would_leave_in_object_storage", "no_root": "would_leave_without_root",
+    "refused": "would_refuse_count",
+}
 
 
 def _files_counts(batch: files.FilesBatch) -> dict:
