@@ -12,14 +12,18 @@ from urllib.parse import unquote
 
 import pytest
 import redis
+from dagster import DagsterInstance
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.cli import dagster_pg_url, main
 from ci_cleanup.demo import seed
 from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
+from ci_cleanup.resources import job_resources
+from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
+from .runner import failure_messages
 from .test_code_location import WORK
 
 BIN = Path(sys.executable).parent
@@ -450,3 +454,62 @@ def test_one_run_with_only_gitlabs_config_folder_as_beside_an_omnibus_gitlab(sta
     assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
     with engine.connect() as conn:  # the demo's 120 outdated canceling builds, dropped in the files' database
         assert conn.scalar(text("SELECT count(*) FROM p_ci_builds WHERE failure_reason = 3")) == 120
+
+
+@pytest.fixture
+def password_user(stack):
+    """A user ``ci_cleanup_auth`` whose password is ``right``, in the stack's PostgreSQL (scram-sha-256 for that user
+    alone: every other user is still trusted) and its Redis (an ACL user); removed after."""
+    name = "ci_cleanup_auth"
+    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        hba = Path(conn.scalar(text("SHOW hba_file")))
+        original = hba.read_text()
+        hba.write_text(f"local all {name} scram-sha-256\n{original}")
+        conn.execute(text(f"CREATE ROLE {name} LOGIN PASSWORD 'right'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    client = redis.Redis.from_url(stack.redis_url)
+    client.acl_setuser(name, enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"])
+    try:
+        yield name
+    finally:
+        client.acl_deluser(name)
+        client.close()
+        with admin.connect() as conn:
+            hba.write_text(original)
+            conn.execute(text("SELECT pg_reload_conf()"))
+            conn.execute(text(f"DROP ROLE {name}"))
+        admin.dispose()
+
+
+def test_a_wrong_password_is_reported_as_failed_authentication_not_as_a_server_down(
+    servers_dir, stack, password_user, cli_here
+):
+    wrong_pg = make_url(stack.url()).set(username=password_user, password="wrong").render_as_string(False)
+    wrong_redis = stack.redis_url.replace("unix://", f"unix://{password_user}:wrong@")
+    hint = ("  The server is up and refused the user or password: check them in the URL named above "
+            "(ci-cleanup --debug … shows the traceback)")
+
+    database = cli_here("run", "stuck_export_jobs", data_dir=servers_dir / "auth",
+                        CI_CLEANUP_DATABASE_URL=wrong_pg, CI_CLEANUP_REDIS_URL=stack.redis_url)
+    redis_ = cli_here("run", "stuck_export_jobs", data_dir=servers_dir / "auth",
+                      CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=wrong_redis)
+
+    assert database.returncode == 1 and database.stderr.splitlines()[1:] == [hint]
+    first = database.stderr.splitlines()[0]
+    assert first.startswith(f"ci-cleanup run: Authentication failed for the GitLab database (PostgreSQL) at "
+                            f"postgresql+psycopg2://{password_user}:***@/gitlab?host="), first
+    assert first.endswith(f'password authentication failed for user "{password_user}"'), first
+    assert redis_.returncode == 1 and redis_.stderr.splitlines()[1:] == [hint]
+    assert redis_.stderr.splitlines()[0].startswith(
+        "ci-cleanup run: Authentication failed for Redis (CI_CLEANUP_REDIS_URL) at unix://"), redis_.stderr
+    assert "invalid username-password pair" in redis_.stderr
+    assert "wrong" not in database.stderr + redis_.stderr + database.stdout + redis_.stdout
+
+    # The same through the resources, as a scheduled run starts them.
+    for url, redis_url, what in ((wrong_pg, stack.redis_url, "the GitLab database (PostgreSQL)"),
+                                 (stack.url(), wrong_redis, "Redis")):
+        result = stuck_export_jobs.execute_in_process(
+            resources=job_resources(url, redis_url), raise_on_error=False, instance=DagsterInstance.ephemeral())
+        assert not result.success
+        assert f"Authentication failed for {what}" in failure_messages(result), failure_messages(result)
