@@ -618,6 +618,7 @@ class GitLabRedis(ConfigurableResource):
 
     _configs: dict[str, StoreConfig] = PrivateAttr(default_factory=dict)
     _clients: dict[str, object] = PrivateAttr(default_factory=dict)
+    _held: dict[str, object] = PrivateAttr(default_factory=dict)  # key -> the ExclusiveLease the run holds
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         with starting(context, self) as connect:
@@ -653,7 +654,23 @@ class GitLabRedis(ConfigurableResource):
         except ValueError as e:  # ConfigFileError: one line naming the variable or the file and key
             raise ServiceUnavailable(str(e)) from None
 
+    def hold_until_teardown(self, lease) -> None:
+        """A lease the run took (an ``ExclusiveLease`` of its uuid): given back when the run's resources close
+        unless the run gave it back itself (:meth:`given_back`), e.g. after a failed step, instead of held for its
+        TTL. Every job runs its steps in the run's one process, whose resources close once, after the last step."""
+        self._held[lease.redis_key] = lease
+
+    def given_back(self, lease) -> None:
+        self._held.pop(lease.redis_key, None)
+
     def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for key, lease in self._held.items():
+            try:
+                if lease.cancel():  # compare-and-delete: never a lease another process took since
+                    context.log.info(f"Released lease {key}: the run ended without giving it back (a step failed)")
+            except redis.RedisError as e:
+                context.log.warning(f"Could not release lease {key} (it expires with its TTL): {e}")
+        self._held = {}
         for client in {id(c): c for c in self._clients.values()}.values():
             close_client(client)
 
