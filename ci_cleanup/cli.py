@@ -33,7 +33,18 @@ from sqlalchemy.exc import SQLAlchemyError
 from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
-from .gitlab.schema import FLAT, PARTITIONED, SchemaMismatch, create_schema, detect_tables, require_columns
+from .gitlab.schema import CI_DATABASE as CI_DATABASE_NAME
+from .gitlab.schema import (
+    FLAT,
+    MAIN_DATABASE,
+    PARTITIONED,
+    SchemaMismatch,
+    create_schema,
+    detect_tables,
+    require_columns,
+    truncate_all,
+)
+from .gitlab.sidekiq_status import status_key
 from .resources import (
     AuthenticationFailed,
     GitLabRedis,
@@ -151,6 +162,27 @@ def shown_url(url: URL) -> str:
     return unquote(url.render_as_string(hide_password=True))
 
 
+# On a database ``ci-cleanup seed`` filled (its comment): seeding it again replaces its rows instead of refusing.
+SEEDED_MARK = "ci_cleanup demo dataset (ci-cleanup seed); the next seed replaces it"
+
+
+def seeded_by_us(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return conn.scalar(text(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()"
+        )) == SEEDED_MARK
+
+
+def mark_seeded(engine: Engine) -> None:
+    """Best effort: only the database's owner may comment on it; unmarked, a second seed refuses as for GitLab's."""
+    try:
+        with engine.begin() as conn:
+            name = conn.scalar(text("SELECT current_database()")).replace('"', '""')
+            conn.execute(text(f"""COMMENT ON DATABASE "{name}" IS '{SEEDED_MARK}'"""))
+    except SQLAlchemyError:
+        pass
+
+
 def refuse_gitlab_data(engine: Engine, where: str) -> None:
     """A database with builds or projects is someone's GitLab: nothing of ours is written there."""
     with engine.connect() as conn:
@@ -178,6 +210,20 @@ def external_target(args, env) -> tuple[Engine, str]:
         engine.dispose()
         raise
     return engine, where
+
+
+def seed_target(args, env, embedded: EmbeddedStack | None) -> tuple[Engine, str]:
+    """The database to seed: in the embedded stack the one ``--into`` names (made if missing; default ``gitlab``,
+    dev's), else the configured one once named; a database of GitLab's own is refused, one seeded before is not."""
+    if embedded and getattr(args, "into", None):
+        embedded.create_database(args.into)
+        return gitlab_engine(embedded.url(args.into))
+    if embedded:
+        return gitlab_engine(env[DATABASE])
+    engine, where = gitlab_engine(env[DATABASE])
+    reseeding = args.command == "seed" and engine.url.database == args.into and seeded_by_us(engine)
+    engine.dispose()
+    return gitlab_engine(env[DATABASE]) if reseeding else external_target(args, env)
 
 
 def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
@@ -222,7 +268,7 @@ def create_decomposed_schema(env, embedded: EmbeddedStack | None) -> None:
 def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
     from .demo import seed
 
-    engine, where = gitlab_engine(env[DATABASE]) if embedded else external_target(args, env)
+    engine, where = seed_target(args, env, embedded)
     try:
         if getattr(args, "scale", None) is not None:
             from .bench.seed import seed_scale
@@ -239,14 +285,38 @@ def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
             require_columns(conn, list(detect_tables(conn).metadata.sorted_tables))
         ci_engine = create_engine(env[CI_DATABASE]) if env.get(CI_DATABASE) else None
         try:
+            replaced = empty_gitlab_tables(engine, ci_engine, client)
             seed(engine, client, ci_engine=ci_engine)
         finally:
             if ci_engine is not None:
                 ci_engine.dispose()
+        mark_seeded(engine)
         client.close()
     finally:
         engine.dispose()
-    print("Seeded the demo GitLab dataset")
+    print("Seeded the demo GitLab dataset" + (" (the rows of the earlier seed replaced)" if replaced else ""))
+
+
+def empty_gitlab_tables(engine: Engine, ci_engine: Engine | None, client) -> bool:
+    """Every GitLab table emptied (decomposed: each database's own), and the Sidekiq status keys of its export jobs
+    deleted, so that a seed replaces the one before; whether there were rows. Only ever on a database already found
+    to be the embedded stack's or one ``ci-cleanup seed`` filled."""
+    with engine.connect() as conn:
+        schema = detect_tables(conn)
+        had_rows = conn.scalar(select(exists().select_from(schema.ci_builds)))
+        jids = conn.scalars(select(schema.project_export_jobs.c.jid).where(
+            schema.project_export_jobs.c.jid.is_not(None))).all()
+    for start in range(0, len(jids), 500):  # the earlier seed's keys, by name: nothing else of that Redis
+        client.delete(*(status_key(jid) for jid in jids[start:start + 500]))
+    if ci_engine is None:
+        with engine.begin() as conn:
+            truncate_all(conn, detect_tables(conn))
+        return bool(had_rows)
+    for database, own in ((MAIN_DATABASE, engine), (CI_DATABASE_NAME, ci_engine)):
+        with own.begin() as conn:
+            truncate_all(conn, detect_tables(conn), database=database)
+    with ci_engine.connect() as conn:
+        return bool(had_rows or conn.scalar(select(exists().select_from(detect_tables(conn).ci_builds))))
 
 
 def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:

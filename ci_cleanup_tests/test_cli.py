@@ -170,12 +170,11 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(
 
     again = cli_here("seed", "--into", name, data_dir=servers_dir / "seed", **env)
 
-    assert again.returncode == 1
-    assert again.stderr.splitlines()[0] == (
-        f"ci-cleanup seed: The database at {where} holds GitLab data (p_ci_builds is not empty): "
-        "refusing to write to it"
-    )
-    assert count(scratch_database, "p_ci_builds") == 220
+    # A database this command seeded is seeded anew, its rows replaced (not added to), however often.
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)"
+    assert (count(scratch_database, "p_ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
+    assert queues.dbsize() == 15
     assert not (servers_dir / "seed").exists()
     queues.flushdb()
     queues.close()
@@ -513,3 +512,18 @@ def test_a_wrong_password_is_reported_as_failed_authentication_not_as_a_server_d
             resources=job_resources(url, redis_url), raise_on_error=False, instance=DagsterInstance.ephemeral())
         assert not result.success
         assert f"Authentication failed for {what}" in failure_messages(result), failure_messages(result)
+
+
+def test_seed_into_a_database_of_the_embedded_stack_seeds_that_one_and_again_replaces_its_rows(servers_dir):
+    data_dir = servers_dir / "seed_embedded"
+
+    first = cli("seed", "--into", "gitlab_dev", data_dir=data_dir)
+    again = cli("seed", "--into", "gitlab_dev", data_dir=data_dir)
+
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "into postgresql+psycopg2://postgres@/gitlab_dev?host=" in first.stdout
+    assert again.stdout.splitlines()[-1] == "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)"
+    with EmbeddedStack(data_dir) as stack:
+        assert count(stack.url("gitlab_dev"), "p_ci_builds") == 220
+        assert count(stack.url(), "p_ci_builds") == 0  # dev's own database, which --into did not name
+    assert servers_of(data_dir) == []

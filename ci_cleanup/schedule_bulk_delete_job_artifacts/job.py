@@ -161,7 +161,8 @@ def bucket_workers(
     # From the workers: (bucket, DeletedBatch) after each batch, then (bucket, WorkerResult or the error raised).
     handed_over: queue.Queue[tuple[int, object]] = queue.Queue()
     stop = threading.Event()
-    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
+    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts",
+                             keys=["destroyed_job_artifacts_count", "size", "deleted_objects"])
 
     def work(engine: Engine, flags_engine: Engine | None, bucket: int) -> None:
         try:
@@ -394,7 +395,7 @@ def remove_batches(context: OpExecutionContext, plan: FilesPlan, gitlab_db: GitL
     def report_error(row_id: int, error: BaseException) -> None:
         track_exception(context, error, ci_deleted_object_id=row_id)
 
-    with BatchObserver(context, DELETED_OBJECTS) as observer:
+    with BatchObserver(context, DELETED_OBJECTS, keys=list(WOULD)) as observer:
         return files.delete_expired_artifact_files(
             gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema,
             root, batch_size=plan.batch_size, max_batches=plan.max_batches,

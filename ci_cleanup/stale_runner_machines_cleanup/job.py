@@ -92,7 +92,8 @@ def delete_sub_batches(
     if not plan.start.runs:
         return service.CleanupResult(max_deletions=plan.max_deletions)
 
-    observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
+    observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines",
+                             keys=["deleted"])
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
         observer.add({"deleted": len(deleted_ids)}, ({"runner_machine_id": i} for i in deleted_ids))

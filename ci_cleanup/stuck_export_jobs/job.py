@@ -79,7 +79,8 @@ def fail_chunks(
     """The service's chunks, observed."""
     # Each chunk's numbers and failed jobs, observed on the table at a bounded rate (an event per chunk cost as much
     # as the chunk's own SQL); a dry run observes nothing, its report lists what would fail.
-    observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs")
+    observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs",
+                             keys=["enqueued", "running", "failed"] if plan.start.runs else [])
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         if outcome is not None:
