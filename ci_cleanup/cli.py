@@ -47,6 +47,7 @@ from .gitlab.schema import (
 from .gitlab.sidekiq_status import status_key
 from .resources import (
     AuthenticationFailed,
+    GitLabDatabase,
     GitLabRedis,
     ServiceUnavailable,
     _redis_client,
@@ -346,7 +347,7 @@ def _shown(value, key: str = "") -> str:
     short fields, long values cut."""
     if isinstance(value, TableMetadataValue):
         # Short fields only (a bucket and its count, not its ids): the whole table is on the run in the UI.
-        rows = [", ".join(f"{k}={_shown(v)}" for k, v in record.data.items() if len(str(v)) <= 20)
+        rows = [", ".join(f"{k}={_shown(v, k)}" for k, v in record.data.items() if len(str(v)) <= 20)
                 for record in value.records]
         return "; ".join(rows) or "none"
     if isinstance(value, bool):
@@ -404,6 +405,8 @@ def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
         for key, value in metadata.items():
             if key == ROWS_CHANGED or key.endswith("_ids") or isinstance(value, (list, dict)) and len(str(value)) > 60:
                 continue  # ids and long lists are on the run's metadata
+            if key.startswith("redis_"):
+                continue  # where each Redis store is: printed once before the runs (targets, or the seed's line)
             if dry_run and value in (0, [], None, False) and not key.startswith("would_"):
                 continue  # what a real run did: nothing in a dry run; what it would do is shown, zeros included
             print(f"    {key}: {_shown(value, key)}")
@@ -488,10 +491,26 @@ def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
         stores = GitLabRedis(url=_redis_url_given(env)).store_configs().values()
         for config in {config.identity: config for config in stores}.values():
             close_client(store_client(config))
+    print_targets(args.job, env)
     if args.dry_run:
         print("Dry run: what the job would change (would_…); nothing is changed\n")
     if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):
         sys.exit(1)
+
+
+def print_targets(job: str, env: dict[str, str]) -> None:
+    """What the run acts on, before it changes anything: each GitLab database and Redis store it will use, as the
+    run reads them (variables, else GitLab's files), passwords hidden."""
+    print(f"{job} acts on:")
+    databases = GitLabDatabase(url=env.get(DATABASE), ci_url=env.get(CI_DATABASE)).targets()
+    for database, where in databases.items():
+        print(f"  {database + ' database':16} {unquote(where)}")
+    stores: dict[str, list[str]] = {}
+    for use, config in GitLabRedis(url=_redis_url_given(env)).store_configs().items():
+        stores.setdefault(config.where, []).append(use.replace("_", " "))
+    for where, uses in stores.items():
+        print(f"  {'Redis':16} {where} ({', '.join(uses)})")
+    print(flush=True)
 
 
 def require_free_port(port: int) -> None:
@@ -525,6 +544,10 @@ def dagster_pg_url(env: dict[str, str]) -> dict[str, str]:
 
 def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
     """Dagster UI and daemon on 127.0.0.1; Ctrl-C stops them, then the embedded servers."""
+    if embedded and not _holds_builds(env[DATABASE]):
+        # A first launch from the UI then has work to do (and shows it), instead of changing nothing.
+        print("The embedded GitLab database is empty: seeding the demo dataset into it", flush=True)
+        cmd_seed(args, env, embedded)
     if "DAGSTER_HOME" not in env:
         home = os.environ.get("DAGSTER_HOME")
         if not home:  # beside the stack's data: --data-dir names every folder this command makes
@@ -560,6 +583,15 @@ def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
         )
 
 
+def _holds_builds(url: str) -> bool:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return bool(conn.scalar(select(exists().select_from(detect_tables(conn).ci_builds))))
+    finally:
+        engine.dispose()
+
+
 def _wait_for_ui(ui: str, process: subprocess.Popen) -> bool:
     """Until the UI answers (True) or dagster stops (False)."""
     while process.poll() is None:
@@ -575,6 +607,9 @@ def print_dev_servers(ui: str, env: dict[str, str], embedded: EmbeddedStack | No
     """Where dev's servers are, and the line that points any other command at them (passwords never shown)."""
     print(f"\nReady: Dagster UI on {ui}; schedules start STOPPED (turn them on in the UI, Automation)", flush=True)
     print(f"  GitLab database  {shown_url(make_url(env[DATABASE]))}")
+    if embedded:
+        print("                   (the demo dataset: a run of drop_canceling_builds launched from Jobs changes "
+              "120 builds; `ci-cleanup seed`, same --data-dir, seeds it anew)")
     print(f"  Redis            {redact_redis_url(env[REDIS])}")
     runs = env.get("CI_CLEANUP_DAGSTER_PG_URL")
     print(f"  Dagster instance {env['DAGSTER_HOME']}" + (f" (runs in {shown_url(make_url(runs))})" if runs else ""))

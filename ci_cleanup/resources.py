@@ -276,6 +276,10 @@ class GitLabDatabase(ConfigurableResource):
                 raise ServiceUnavailable(str(e)) from None
         return urls
 
+    def targets(self) -> dict[str, str]:
+        """Each database a run will use and where it is, password hidden, read as a run reads them (no connection)."""
+        return {database: self._where(database) for database in self._urls}
+
     @property
     def decomposed(self) -> bool:
         """Whether GitLab's ci database is configured apart from main."""

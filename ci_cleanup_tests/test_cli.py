@@ -215,8 +215,8 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert dry.stdout.splitlines()[-3:] == [
         "drop_canceling_builds                    ok     rows_changed=0",
+        "    would_drop_count: 120",  # what would change first
         "    status: dry run",
-        "    would_drop_count: 120",
     ]
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
@@ -240,8 +240,8 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     assert nothing_to_do.returncode == 0, nothing_to_do.stdout + nothing_to_do.stderr
     assert nothing_to_do.stdout.splitlines()[-3:] == [  # a dry run says what it would change, zeros included
         "drop_canceling_builds                    ok     rows_changed=0",
+        "    would_drop_count: 0",  # what would change first
         "    status: dry run",
-        "    would_drop_count: 0",
     ]
 
 
@@ -278,7 +278,8 @@ def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_d
                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
 
     assert done.returncode == 1
-    lines = done.stdout.splitlines()
+    # What it acts on comes first, before anything is changed, passwords hidden (test_a_run_prints_its_targets…).
+    lines = done.stdout.splitlines()[4:]
     assert lines[0] == "stale_runner_machines_cleanup            FAILED rows_changed=-"
     assert lines[1].startswith("    error: ") and "column ci_runner_machines.contacted_at is missing" in lines[1]
     assert len(lines) == 2 and "Traceback" not in done.stdout + done.stderr
@@ -527,3 +528,26 @@ def test_seed_into_a_database_of_the_embedded_stack_seeds_that_one_and_again_rep
         assert count(stack.url("gitlab_dev"), "p_ci_builds") == 220
         assert count(stack.url(), "p_ci_builds") == 0  # dev's own database, which --into did not name
     assert servers_of(data_dir) == []
+
+
+def test_a_run_prints_what_it_acts_on_before_it_changes_anything(servers_dir, stack, engine, redis_client):
+    password = make_url(stack.url()).set(password="s3cr3t-pw").render_as_string(False)  # trusted: any password
+    redis_url = stack.redis_url.replace("unix://", "unix://:s3cr3t-pw@")
+    redis_client.config_set("requirepass", "s3cr3t-pw")
+    try:
+        done = cli("run", "stale_runner_machines_cleanup", data_dir=servers_dir / "targets",
+                   CI_CLEANUP_DATABASE_URL=password, CI_CLEANUP_REDIS_URL=redis_url)
+    finally:
+        redis.Redis.from_url(redis_url).config_set("requirepass", "")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    socket_dir = make_url(stack.url()).query["host"]
+    assert done.stdout.splitlines()[:5] == [
+        "stale_runner_machines_cleanup acts on:",
+        f"  main database    postgresql+psycopg2://postgres:***@/gitlab?host={socket_dir}",
+        f"  Redis            Redis (CI_CLEANUP_REDIS_URL) at unix://***@{stack.redis_url.removeprefix('unix://')} "
+        "(leases, artifact buckets, sidekiq status)",
+        "",
+        "stale_runner_machines_cleanup            ok     rows_changed=0",
+    ]
+    assert "s3cr3t-pw" not in done.stdout + done.stderr
