@@ -4,6 +4,7 @@ ci-cleanup demo (ci-cleanup dev: test_web_ui, on the stack its UI tests use)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,10 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     assert "%2F" not in first.stdout  # the socket folder as a path
     assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in first.stdout
     assert "XDG_RUNTIME_DIR" not in first.stderr and "Traceback" not in first.stderr
+    # Sizes read as the README promises, a table's rows too (bucket_workers' size=…).
+    assert "size=" in first.stdout and re.search(r"size=\d+(,|;|$)", first.stdout, re.M) is None
+    # Where Redis is, said once by the seed's line: not under each run, cut mid-path, naming a variable it ignores.
+    assert "redis_" not in first.stdout and "(CI_CLEANUP_REDIS_URL)" not in first.stdout
 
     would = {  # what each job would change in the same seed's rows
         "drop_canceling_builds": "would_drop_count: 120",
@@ -211,6 +216,7 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     for name, line in would.items():
         assert any(shown.startswith(line) for shown in printed[name]), (name, printed[name])
     assert "TableMetadataValue" not in dry.stdout
+    assert any(line.startswith("would_remove_files: ") for line in printed["delete_expired_artifact_files"])
     assert servers_of(data_dir) == []
     engine = create_engine(scratch_database)
     assert inspect(engine).get_table_names() == []
