@@ -5,11 +5,11 @@ A GitLab cron worker is a few lines of scheduling and locking around its service
 ``Ci::StuckBuilds::DropCancelingService``). Here each job's first op calls :func:`start` (dry run or
 lease, decided once into a :class:`RunMode`), its last op calls :func:`finish` (lease given back, the
 run's totals, and in a dry run what would change: the one place dry-run output goes), and
-:func:`batch_job` gives the job its tags, failure hook, run-time limit and schedule.
+:func:`batch_job` gives the job its tags, run-time limit and schedule.
 A job module then holds only what is particular to its batch: its config, queries and metadata.
 
 A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
-run, and the failure hook, can release exactly the lease the run took, and nothing else. Redis errors
+run, and its resources when they close after a failed step, release exactly the lease the run took. Redis errors
 need no handling here: the clients of :class:`~ci_cleanup.resources.GitLabRedis` name the server in
 every error they raise, for every job alike.
 """
@@ -30,7 +30,6 @@ from dagster import (
     OpDefinition,
     OpExecutionContext,
     ScheduleDefinition,
-    failure_hook,
     job,
 )
 
@@ -124,19 +123,6 @@ class Lease:
 
         return renew
 
-    def release_on_failure(self):
-        """A job hook: a failed step gives back the run's lease at once instead of holding it for its TTL."""
-
-        @failure_hook(
-            name=f"release_{self.key.replace('/', '_').replace(':', '_')}_on_failure",
-            required_resource_keys={"gitlab_redis"},
-        )
-        def _release(context: HookContext) -> None:
-            if self.of_run(context, context.resources.gitlab_redis.leases).cancel():
-                context.log.info(f"Released lease {self.key} after the failure")
-
-        return _release
-
 
 @functools.cache
 def freeze_startup_objects() -> None:
@@ -163,6 +149,7 @@ def start(
         return Start(RunMode.RUN)
     held = lease.of_run(context, gitlab_redis.leases)
     if lease.obtain(held):
+        gitlab_redis.hold_until_teardown(held)  # given back then if a step fails: no failure hook, no HOOK_SKIPPED
         return Start(RunMode.RUN, details=store)
     return _skip_for_held_lease(context, held, store)
 
@@ -188,10 +175,17 @@ def finish(
     """The last op's part: give the lease back, and report the run's totals with its status (``success``,
     ``dry run`` or ``skipped: …``) and, in a dry run, ``would``: what a run would change."""
     if lease is not None and begun.runs:
-        lease.of_run(context, gitlab_redis.leases).cancel()
+        held = lease.of_run(context, gitlab_redis.leases)
+        held.cancel()
+        gitlab_redis.given_back(held)
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
-    report_run(context, {"status": status, **metadata, **dry}, tags)
+    if begun.mode is RunMode.DRY_RUN:
+        # In the run's log, so that a dry run launched from a terminal (``dagster job execute``) shows its result.
+        counts = ", ".join(f"{k} {v}" for k, v in dry.items() if isinstance(v, int) and not isinstance(v, bool))
+        context.log.info(f"Dry run, nothing changed: {counts or 'nothing would change'}")
+    # What would change leads a dry run's metadata, ahead of the totals of what it did (nothing).
+    report_run(context, {**dry, "status": status, **{k: v for k, v in metadata.items() if k not in dry}}, tags)
 
 
 def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDefinition) -> Callable[[], None]:
@@ -220,9 +214,6 @@ def batch_job(
     tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
     if seed is not None:
         tags["ci_cleanup/seed"] = seed
-    batch = job(
-        name=name, description=description, tags=tags,
-        hooks={lease.release_on_failure()} if lease is not None else None,
-    )(graph)
+    batch = job(name=name, description=description, tags=tags)(graph)
     schedule = ScheduleDefinition(name=f"{name}_schedule", job=batch, cron_schedule=cron, execution_timezone="UTC")
     return batch, schedule

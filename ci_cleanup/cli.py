@@ -35,8 +35,22 @@ from .batches import BATCHES
 from .definitions import defs
 from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.redis_stores import config_dir_from, resolve
-from .gitlab.schema import FLAT, PARTITIONED, RELEASES, SchemaMismatch, create_schema, detect_tables, require_columns
+from .gitlab.schema import CI_DATABASE as CI_DATABASE_NAME
+from .gitlab.schema import (
+    FLAT,
+    MAIN_DATABASE,
+    PARTITIONED,
+    RELEASES,
+    SchemaMismatch,
+    create_schema,
+    detect_tables,
+    require_columns,
+    truncate_all,
+)
+from .gitlab.sidekiq_status import status_key
 from .resources import (
+    AuthenticationFailed,
+    GitLabDatabase,
     GitLabRedis,
     ServiceUnavailable,
     _redis_client,
@@ -45,6 +59,7 @@ from .resources import (
     job_resources,
     redact_redis_url,
     store_client,
+    unreachable,
 )
 from .runs import ROWS_CHANGED
 
@@ -73,6 +88,8 @@ class CliError(Exception):
 def _what_to_do(error: Exception) -> str:
     if isinstance(error, CliError):
         return error.hint
+    if isinstance(error, AuthenticationFailed):
+        return f"The server is up and refused the user or password: check them in the URL named above {DEBUG_HINT}"
     if isinstance(error, ServiceUnavailable):
         return f"Check that the server named above is up and that its URL is right {DEBUG_HINT}"
     if isinstance(error, SchemaMismatch):
@@ -140,13 +157,34 @@ def gitlab_engine(url: str) -> tuple[Engine, str]:
     except SQLAlchemyError as e:
         engine.dispose()
         reason = str(getattr(e, "orig", e)).strip()
-        raise ServiceUnavailable(f"Cannot reach the GitLab database (PostgreSQL) at {where}: {reason}") from None
+        raise unreachable(f"the GitLab database (PostgreSQL) at {where}", reason) from None
     return engine, where
 
 
 def shown_url(url: URL) -> str:
     """A database URL as printed: password hidden, a socket folder readable (``host=/tmp/x``, not ``%2Ftmp%2Fx``)."""
     return unquote(url.render_as_string(hide_password=True))
+
+
+# On a database ``ci-cleanup seed`` filled (its comment): seeding it again replaces its rows instead of refusing.
+SEEDED_MARK = "ci_cleanup demo dataset (ci-cleanup seed); the next seed replaces it"
+
+
+def seeded_by_us(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return conn.scalar(text(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()"
+        )) == SEEDED_MARK
+
+
+def mark_seeded(engine: Engine) -> None:
+    """Best effort: only the database's owner may comment on it; unmarked, a second seed refuses as for GitLab's."""
+    try:
+        with engine.begin() as conn:
+            name = conn.scalar(text("SELECT current_database()")).replace('"', '""')
+            conn.execute(text(f"""COMMENT ON DATABASE "{name}" IS '{SEEDED_MARK}'"""))
+    except SQLAlchemyError:
+        pass
 
 
 def refuse_gitlab_data(engine: Engine, where: str) -> None:
@@ -176,6 +214,20 @@ def external_target(args, env) -> tuple[Engine, str]:
         engine.dispose()
         raise
     return engine, where
+
+
+def seed_target(args, env, embedded: EmbeddedStack | None) -> tuple[Engine, str]:
+    """The database to seed: in the embedded stack the one ``--into`` names (made if missing; default ``gitlab``,
+    dev's), else the configured one once named; a database of GitLab's own is refused, one seeded before is not."""
+    if embedded and getattr(args, "into", None):
+        embedded.create_database(args.into)
+        return gitlab_engine(embedded.url(args.into))
+    if embedded:
+        return gitlab_engine(env[DATABASE])
+    engine, where = gitlab_engine(env[DATABASE])
+    reseeding = args.command == "seed" and engine.url.database == args.into and seeded_by_us(engine)
+    engine.dispose()
+    return gitlab_engine(env[DATABASE]) if reseeding else external_target(args, env)
 
 
 def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
@@ -222,7 +274,7 @@ def create_decomposed_schema(env, embedded: EmbeddedStack | None) -> None:
 def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
     from .demo import seed
 
-    engine, where = gitlab_engine(env[DATABASE]) if embedded else external_target(args, env)
+    engine, where = seed_target(args, env, embedded)
     try:
         if getattr(args, "scale", None) is not None:
             from .bench.seed import seed_scale
@@ -239,14 +291,38 @@ def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
             require_columns(conn, list(detect_tables(conn).metadata.sorted_tables))
         ci_engine = create_engine(env[CI_DATABASE]) if env.get(CI_DATABASE) else None
         try:
+            replaced = empty_gitlab_tables(engine, ci_engine, client)
             seed(engine, client, ci_engine=ci_engine)
         finally:
             if ci_engine is not None:
                 ci_engine.dispose()
+        mark_seeded(engine)
         client.close()
     finally:
         engine.dispose()
-    print("Seeded the demo GitLab dataset")
+    print("Seeded the demo GitLab dataset" + (" (the rows of the earlier seed replaced)" if replaced else ""))
+
+
+def empty_gitlab_tables(engine: Engine, ci_engine: Engine | None, client) -> bool:
+    """Every GitLab table emptied (decomposed: each database's own), and the Sidekiq status keys of its export jobs
+    deleted, so that a seed replaces the one before; whether there were rows. Only ever on a database already found
+    to be the embedded stack's or one ``ci-cleanup seed`` filled."""
+    with engine.connect() as conn:
+        schema = detect_tables(conn)
+        had_rows = conn.scalar(select(exists().select_from(schema.ci_builds)))
+        jids = conn.scalars(select(schema.project_export_jobs.c.jid).where(
+            schema.project_export_jobs.c.jid.is_not(None))).all()
+    for start in range(0, len(jids), 500):  # the earlier seed's keys, by name: nothing else of that Redis
+        client.delete(*(status_key(jid) for jid in jids[start:start + 500]))
+    if ci_engine is None:
+        with engine.begin() as conn:
+            truncate_all(conn, detect_tables(conn))
+        return bool(had_rows)
+    for database, own in ((MAIN_DATABASE, engine), (CI_DATABASE_NAME, ci_engine)):
+        with own.begin() as conn:
+            truncate_all(conn, detect_tables(conn), database=database)
+    with ci_engine.connect() as conn:
+        return bool(had_rows or conn.scalar(select(exists().select_from(detect_tables(conn).ci_builds))))
 
 
 def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
@@ -276,7 +352,7 @@ def _shown(value, key: str = "") -> str:
     short fields, long values cut."""
     if isinstance(value, TableMetadataValue):
         # Short fields only (a bucket and its count, not its ids): the whole table is on the run in the UI.
-        rows = [", ".join(f"{k}={_shown(v)}" for k, v in record.data.items() if len(str(v)) <= 20)
+        rows = [", ".join(f"{k}={_shown(v, k)}" for k, v in record.data.items() if len(str(v)) <= 20)
                 for record in value.records]
         return "; ".join(rows) or "none"
     if isinstance(value, bool):
@@ -334,6 +410,8 @@ def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
         for key, value in metadata.items():
             if key == ROWS_CHANGED or key.endswith("_ids") or isinstance(value, (list, dict)) and len(str(value)) > 60:
                 continue  # ids and long lists are on the run's metadata
+            if key.startswith("redis_"):
+                continue  # where each Redis store is: printed once before the runs (targets, or the seed's line)
             if dry_run and value in (0, [], None, False) and not key.startswith("would_"):
                 continue  # what a real run did: nothing in a dry run; what it would do is shown, zeros included
             print(f"    {key}: {_shown(value, key)}")
@@ -418,6 +496,7 @@ def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
         stores = GitLabRedis(url=_redis_url_given(env)).store_configs().values()
         for config in {config.identity: config for config in stores}.values():
             close_client(store_client(config))
+    print_targets(args.job, env)
     if args.dry_run:
         print("Dry run: what the job would change (would_…); nothing is changed\n")
     if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):
@@ -443,6 +522,21 @@ def cmd_sidekiq_cron(args, env, embedded: EmbeddedStack | None) -> None:
     finally:
         close_client(client)
     print("\n".join(lines))
+
+
+def print_targets(job: str, env: dict[str, str]) -> None:
+    """What the run acts on, before it changes anything: each GitLab database and Redis store it will use, as the
+    run reads them (variables, else GitLab's files), passwords hidden."""
+    print(f"{job} acts on:")
+    databases = GitLabDatabase(url=env.get(DATABASE), ci_url=env.get(CI_DATABASE)).targets()
+    for database, where in databases.items():
+        print(f"  {database + ' database':16} {unquote(where)}")
+    stores: dict[str, list[str]] = {}
+    for use, config in GitLabRedis(url=_redis_url_given(env)).store_configs().items():
+        stores.setdefault(config.where, []).append(use.replace("_", " "))
+    for where, uses in stores.items():
+        print(f"  {'Redis':16} {where} ({', '.join(uses)})")
+    print(flush=True)
 
 
 def require_free_port(port: int) -> None:
@@ -476,6 +570,10 @@ def dagster_pg_url(env: dict[str, str]) -> dict[str, str]:
 
 def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
     """Dagster UI and daemon on 127.0.0.1; Ctrl-C stops them, then the embedded servers."""
+    if embedded and not _holds_builds(env[DATABASE]):
+        # A first launch from the UI then has work to do (and shows it), instead of changing nothing.
+        print("The embedded GitLab database is empty: seeding the demo dataset into it", flush=True)
+        cmd_seed(args, env, embedded)
     if "DAGSTER_HOME" not in env:
         home = os.environ.get("DAGSTER_HOME")
         if not home:  # beside the stack's data: --data-dir names every folder this command makes
@@ -512,6 +610,15 @@ def cmd_dev(args, env, embedded: EmbeddedStack | None) -> None:
         )
 
 
+def _holds_builds(url: str) -> bool:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return bool(conn.scalar(select(exists().select_from(detect_tables(conn).ci_builds))))
+    finally:
+        engine.dispose()
+
+
 def _wait_for_ui(ui: str, process: subprocess.Popen) -> bool:
     """Until the UI answers (True) or dagster stops (False)."""
     while process.poll() is None:
@@ -527,6 +634,9 @@ def print_dev_servers(ui: str, env: dict[str, str], embedded: EmbeddedStack | No
     """Where dev's servers are, and the line that points any other command at them (passwords never shown)."""
     print(f"\nReady: Dagster UI on {ui}; schedules start STOPPED (turn them on in the UI, Automation)", flush=True)
     print(f"  GitLab database  {shown_url(make_url(env[DATABASE]))}")
+    if embedded:
+        print("                   (the demo dataset: a run of drop_canceling_builds launched from Jobs changes "
+              "120 builds; `ci-cleanup seed`, same --data-dir, seeds it anew)")
     print(f"  Redis            {redact_redis_url(env[REDIS])}")
     runs = env.get("CI_CLEANUP_DAGSTER_PG_URL")
     print(f"  Dagster instance {env['DAGSTER_HOME']}" + (f" (runs in {shown_url(make_url(runs))})" if runs else ""))

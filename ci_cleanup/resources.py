@@ -36,6 +36,7 @@ from .gitlab.redis_stores import (  # noqa: F401  (redact_redis_url, UNSHOWN_URL
     UNSHOWN_URL,
     USES,
     StoreConfig,
+    StoreNotSet,
     config_dir_from,
     redact_redis_url,
     resolve,
@@ -57,8 +58,32 @@ class ServiceUnavailable(RuntimeError):
     """PostgreSQL or Redis could not be reached or used; the message names which."""
 
 
+class AuthenticationFailed(ServiceUnavailable):
+    """The server is up and refused the URL's user or password: the credentials, not the server, are to fix."""
+
+
+class NotConfigured(ServiceUnavailable):
+    """Nothing says where a server is: no variable, no resource field, no GitLab config folder."""
+
+
+# PostgreSQL's "password authentication failed" (also "SCRAM authentication failed"), libpq's "no password
+# supplied", Redis' WRONGPASS ("invalid username-password pair") and NOAUTH ("Authentication required").
+_AUTHENTICATION = re.compile(
+    r"authentication failed|no password supplied|invalid username-password|authentication required", re.I
+)
+
+
+def unreachable(what: str, reason: str) -> ServiceUnavailable:
+    """``Cannot reach <what>: <reason>``; or, when the server refused the credentials, that authentication failed
+    (the server answered: telling the operator to check that it is up would send them the wrong way)."""
+    reason = " ".join(reason.split())
+    if _AUTHENTICATION.search(reason):
+        return AuthenticationFailed(f"Authentication failed for {what}: {reason}")
+    return ServiceUnavailable(f"Cannot reach {what}: {reason}")
+
+
 @contextmanager
-def starting(context: InitResourceContext) -> Iterator[bool]:
+def starting(context: InitResourceContext, resource: ConfigurableResource | None = None) -> Iterator[bool]:
     """A resource's start: whether to connect, and a start that fails for a reason the operator can fix (no URL
     set, a server down, a bad setting: :class:`ServiceUnavailable`) fails the run in that error's one line.
 
@@ -73,8 +98,36 @@ def starting(context: InitResourceContext) -> Iterator[bool]:
     try:
         yield True
     except ServiceUnavailable as error:
+        if isinstance(error, NotConfigured) and resource is not None:
+            error = NotConfigured("; ".join([str(error), *_also_not_configured(context, resource)]))
         info = SerializableErrorInfo("".join(traceback.format_exception_only(error)), [], type(error).__name__)
         raise DagsterUserCodeProcessError(info.message.strip(), user_code_process_error_infos=[info]) from None
+
+
+def _also_not_configured(context: InitResourceContext, resource: ConfigurableResource) -> list[str]:
+    """What the run's other GitLab resources lack too: Dagster starts them one at a time and stops at the first that
+    fails, so without this an operator would learn one missing variable per launch."""
+    missing = []
+    for key, definition in (context.all_resource_defs or {}).items():
+        kind = getattr(definition, "configurable_resource_cls", None)
+        if kind not in (GitLabDatabase, GitLabRedis) or isinstance(resource, kind):
+            continue
+        try:
+            kind(**_fields_of_run(context, key, definition)).check_configured()
+        except NotConfigured as e:
+            missing.append(str(e))
+        except (ServiceUnavailable, ValueError):
+            pass  # set, though not usable: that resource says so itself when it starts
+    return missing
+
+
+def _fields_of_run(context: InitResourceContext, key: str, definition) -> dict:
+    """A resource's fields as the run sets them: bound in code, then the run's config, an EnvVar read."""
+    field = definition.config_field
+    bound = field.default_value if field is not None and field.default_provided else {}
+    run_config = context.dagster_run.run_config if context.dagster_run is not None else {}
+    fields = {**bound, **(run_config.get("resources", {}).get(key, {}).get("config") or {})}
+    return {k: os.environ.get(v["env"]) if isinstance(v, dict) and "env" in v else v for k, v in fields.items()}
 
 
 class DatabaseUnavailable(ServiceUnavailable):
@@ -178,9 +231,13 @@ class GitLabDatabase(ConfigurableResource):
     _resolved: dict[str, str] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        with starting(context) as connect:
+        with starting(context, self) as connect:
             if connect:
                 self._connect(context)
+
+    def check_configured(self) -> None:
+        """Raise :class:`NotConfigured` when nothing says where the main database is, without connecting."""
+        self._read_urls()
 
     def _connect(self, context: InitResourceContext) -> None:
         self._resolved = self._read_urls()
@@ -191,9 +248,8 @@ class GitLabDatabase(ConfigurableResource):
                     conn.scalar(text("SELECT 1"))
         except (SQLAlchemyError, DatabaseUnavailable) as e:
             self.teardown_after_execution(context)
-            raise ServiceUnavailable(
-                f"Cannot reach {_DATABASE_NAMES[database]} at {self._where(database)}: {getattr(e, 'orig', e)}".strip()
-            ) from None
+            raise unreachable(f"{_DATABASE_NAMES[database]} at {self._where(database)}", str(getattr(e, "orig", e))
+                              ) from None
         self._engines.setdefault(CI_DATABASE, self._engines[MAIN_DATABASE])
         with self._engines[CI_DATABASE].connect() as conn:
             self._tables = detect_tables(conn, self.builds_table, self.job_artifacts_table)
@@ -211,11 +267,21 @@ class GitLabDatabase(ConfigurableResource):
             from_files = database_urls(config_dir)
             main, ci = main or from_files[0], ci or from_files[1]
         if not main:
-            raise ServiceUnavailable(
+            raise NotConfigured(
                 "No GitLab database: set CI_CLEANUP_DATABASE_URL (and CI_CLEANUP_CI_DATABASE_URL when GitLab is "
                 "decomposed), or CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config folder (database.yml)"
             )
-        return {MAIN_DATABASE: main, **({CI_DATABASE: ci} if ci else {})}
+        urls = {MAIN_DATABASE: main, **({CI_DATABASE: ci} if ci else {})}
+        for database, url in urls.items():
+            try:  # a URL that cannot be used is the resource's one-line failure, as any other bad setting
+                database_url(url, _VARIABLES[database])
+            except ValueError as e:
+                raise ServiceUnavailable(str(e)) from None
+        return urls
+
+    def targets(self) -> dict[str, str]:
+        """Each database a run will use and where it is, password hidden, read as a run reads them (no connection)."""
+        return {database: self._where(database) for database in self._urls}
 
     @property
     def decomposed(self) -> bool:
@@ -534,12 +600,12 @@ def store_client(config: StoreConfig, failover_seconds: float = FAILOVER_SECONDS
     except ValueError:
         raise _unparsable(config.label) from None
     except (redis.RedisError, redis.exceptions.RedisClusterException) as e:  # a cluster asks its nodes at once
-        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
+        raise unreachable(config.where, _reason(e)) from None
     try:
         client.ping()
     except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as e:
         close_client(client)
-        raise ServiceUnavailable(f"Cannot reach {config.where}: {_reason(e)}") from None
+        raise unreachable(config.where, _reason(e)) from None
     client.server = config.where
     return client
 
@@ -581,11 +647,16 @@ class GitLabRedis(ConfigurableResource):
 
     _configs: dict[str, StoreConfig] = PrivateAttr(default_factory=dict)
     _clients: dict[str, object] = PrivateAttr(default_factory=dict)
+    _held: dict[str, object] = PrivateAttr(default_factory=dict)  # key -> the ExclusiveLease the run holds
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        with starting(context) as connect:
+        with starting(context, self) as connect:
             if connect:
                 self._connect()
+
+    def check_configured(self) -> None:
+        """Raise :class:`NotConfigured` when a store's whereabouts are set nowhere, without connecting."""
+        self.store_configs()
 
     def _connect(self) -> None:
         self._configs = self.store_configs()
@@ -607,10 +678,28 @@ class GitLabRedis(ConfigurableResource):
         config_dir = self.config_dir or config_dir_from(env)
         try:
             return {use: resolve(store, env, config_dir, overrides) for use, store in USES.items()}
+        except StoreNotSet as e:
+            raise NotConfigured(str(e)) from None
         except ValueError as e:  # ConfigFileError: one line naming the variable or the file and key
             raise ServiceUnavailable(str(e)) from None
 
+    def hold_until_teardown(self, lease) -> None:
+        """A lease the run took (an ``ExclusiveLease`` of its uuid): given back when the run's resources close
+        unless the run gave it back itself (:meth:`given_back`), e.g. after a failed step, instead of held for its
+        TTL. Every job runs its steps in the run's one process, whose resources close once, after the last step."""
+        self._held[lease.redis_key] = lease
+
+    def given_back(self, lease) -> None:
+        self._held.pop(lease.redis_key, None)
+
     def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for key, lease in self._held.items():
+            try:
+                if lease.cancel():  # compare-and-delete: never a lease another process took since
+                    context.log.info(f"Released lease {key}: the run ended without giving it back (a step failed)")
+            except redis.RedisError as e:
+                context.log.warning(f"Could not release lease {key} (it expires with its TTL): {e}")
+        self._held = {}
         for client in {id(c): c for c in self._clients.values()}.values():
             close_client(client)
 

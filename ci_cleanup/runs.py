@@ -88,12 +88,16 @@ class BatchObserver:
     observation carries the sums since the last one (what the UI plots across runs), ``batches``,
     ``per_batch`` (each batch's counts, in order) and the first ``MAX_ROWS_OBSERVED`` rows of the
     service's per-batch log (ids, statuses) as a table; the run's last op lists the first 1000 ids too.
+
+    A run with no batch at all (nothing to do) is observed too, each of ``keys`` 0: else the plot would skip it,
+    and a line through idle runs would read as if they had never happened.
     """
 
     def __init__(self, context: OpExecutionContext, asset: Sequence[str], columns: Sequence[str] = (),
-                 log_name: str = "rows", every: float | None = None, clock=time.monotonic):
+                 log_name: str = "rows", every: float | None = None, clock=time.monotonic, keys: Sequence[str] = ()):
         self.context, self.asset, self.columns, self.log_name = context, asset, list(columns), log_name
-        self.every, self.clock = OBSERVE_EVERY_SECONDS if every is None else every, clock
+        self.every, self.clock, self.keys = OBSERVE_EVERY_SECONDS if every is None else every, clock, list(keys)
+        self.observed = False
         self.last = clock()
         self.per_batch: list[dict[str, int]] = []
         self.rows: list[Mapping[str, object]] = []
@@ -123,10 +127,13 @@ class BatchObserver:
         if self.columns:
             metadata[self.log_name] = table(self.rows, self.columns)
         observe(self.context, self.asset, metadata)
-        self.per_batch, self.rows, self.last = [], [], self.clock()
+        self.per_batch, self.rows, self.last, self.observed = [], [], self.clock(), True
 
     def __enter__(self) -> BatchObserver:
         return self
 
     def __exit__(self, *exc) -> None:
+        if not (self.observed or self.per_batch) and self.keys:
+            observe(self.context, self.asset, {**dict.fromkeys(self.keys, 0), "batches": 0})
+            return
         self.flush()  # what was done before a failure is observed too

@@ -15,6 +15,11 @@ rows a green run stepped over, an error or a refused path (``rows_with_errors_al
 died unreported (``dead_run_worker_check`` fails it, then ``run_failed_alert``).
 
 Sensors are evaluated every ``CI_CLEANUP_SENSOR_INTERVAL_SECONDS`` (default 30, Dagster's own default).
+
+A run status sensor that alerts on nothing returns a :class:`SkipReason`: Dagster then writes nothing in the run's
+log (it writes 'Sensor "…" acted on run status …' for a None), so a run's log names only the alerts sent about it.
+Dagster then leaves the tick's other runs to the next ticks (one a tick): more than the few runs a minute that
+these schedules start.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def _in_a_row(context, n: int, holds, statuses=FINISHED) -> list:
     default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=INTERVAL_SECONDS,
     description="Alert on every failed ci_cleanup run",
 )
-def run_failed_alert(context: RunFailureSensorContext):
+def run_failed_alert(context: RunFailureSensorContext) -> None:
     run = context.dagster_run
     send_alert(
         "run_failed", f"ci_cleanup: {run.job_name} run {run.run_id} failed: {context.failure_event.message}",
@@ -83,6 +88,8 @@ def repeated_failures_alert(context: RunFailureSensorContext):
             "repeated_failures", f"ci_cleanup: {run.job_name} failed {FAILURES_IN_A_ROW} runs in a row",
             job=run.job_name, run_ids=[r.run_id for r in runs],
         )
+        return None
+    return SkipReason(f"Fewer than {FAILURES_IN_A_ROW} failures in a row")
 
 
 @run_status_sensor(
@@ -93,7 +100,7 @@ def repeated_failures_alert(context: RunFailureSensorContext):
 def max_deletions_backlog_alert(context: RunStatusSensorContext):
     run = context.dagster_run
     if run.tags.get(MAX_DELETIONS_TAG) != "true":
-        return
+        return SkipReason("The deletion cap was not reached")
     if runs := _in_a_row(context, BACKLOG_RUNS, lambda r: r.tags.get(MAX_DELETIONS_TAG) == "true", SUCCEEDED):
         send_alert(
             "max_deletions_backlog",
@@ -101,6 +108,8 @@ def max_deletions_backlog_alert(context: RunStatusSensorContext):
             "a backlog is building up",
             job=run.job_name, run_ids=[r.run_id for r in runs],
         )
+        return None
+    return SkipReason(f"The deletion cap was reached fewer than {BACKLOG_RUNS} runs in a row")
 
 
 @run_status_sensor(
@@ -113,8 +122,10 @@ def lease_held_alert(context: RunStatusSensorContext):
     a tool that forgot EX) would turn the job off for ever behind green runs."""
     run = context.dagster_run
     if not run.tags.get(SKIPPED_TAG):
-        return
+        return SkipReason("The run did not skip")
+    alerted = False
     if key := run.tags.get(LEASE_WITHOUT_TTL_TAG):
+        alerted = True
         send_alert(
             "lease_without_ttl",
             f"ci_cleanup: {run.job_name} skipped because lease {key} is held and has no TTL: it never expires, so "
@@ -122,11 +133,13 @@ def lease_held_alert(context: RunStatusSensorContext):
             job=run.job_name, run_id=run.run_id, lease=key,
         )
     if runs := _in_a_row(context, SKIPPED_RUNS, lambda r: r.tags.get(SKIPPED_TAG), SUCCEEDED):
+        alerted = True
         send_alert(
             "skipped_in_a_row",
             f"ci_cleanup: {run.job_name} skipped {SKIPPED_RUNS} runs in a row ({run.tags[SKIPPED_TAG]})",
             job=run.job_name, run_ids=[r.run_id for r in runs],
         )
+    return None if alerted else SkipReason(f"Skipped fewer than {SKIPPED_RUNS} runs in a row, on a lease with a TTL")
 
 
 @run_status_sensor(
@@ -144,6 +157,8 @@ def rows_with_errors_alert(context: RunStatusSensorContext):
             "the run's metadata (errors, refused) says which and why",
             job=run.job_name, run_id=run.run_id, rows=int(count),
         )
+        return None
+    return SkipReason("No row was stepped over")
 
 
 def worker_alive(pid: int, logged_at: float) -> bool:

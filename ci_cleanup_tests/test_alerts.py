@@ -109,8 +109,18 @@ def test_run_counters_are_pushed_to_a_pushgateway(stack, engine, redis_client, m
     finally:
         server.shutdown()
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     assert [path for path, _ in pushed] == ["/metrics/job/ci_cleanup/dagster_job/drop_canceling_builds"]
-    assert "ci_cleanup_rows_changed 1\n" in pushed[0][1] and "ci_cleanup_dropped_count 1\n" in pushed[0][1]
+    families = {f.name: f for f in text_string_to_metric_families(pushed[0][1])}
+    assert {name: (f.type, [s.value for s in f.samples]) for name, f in families.items()} == {
+        "ci_cleanup_rows_changed": ("gauge", [1.0]), "ci_cleanup_dropped_count": ("gauge", [1.0]),
+        "ci_cleanup_doomed_count": ("gauge", [0.0]), "ci_cleanup_changed_concurrently_count": ("gauge", [0.0]),
+        "ci_cleanup_left_count": ("gauge", [0.0]), "ci_cleanup_batches": ("gauge", [1.0]),
+        "ci_cleanup_rows_with_errors": ("gauge", [0.0]),
+    }
+    assert families["ci_cleanup_rows_changed"].documentation == "Rows the job's last run changed in GitLab's database"
+    assert families["ci_cleanup_dropped_count"].documentation == "Dropped count: a total of the job's last run"
 
 
 def skipped_run(job, stack, instance, lease_alert):
@@ -208,3 +218,29 @@ def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, 
     assert [(a["alert"], a["job"], a["run_id"], a["rows"]) for a in webhook] == [
         ("rows_with_errors", "delete_expired_artifact_files", result.run_id, 1)
     ]
+
+
+def test_a_run_with_nothing_to_alert_has_no_line_of_a_hook_or_a_sensor_in_its_log(stack, engine, redis_client):
+    """Every line of a run's log tells the operator something: no HOOK_SKIPPED per step (the lease is given back
+    as the run's resources close, not by a failure hook), and no 'Sensor "…" acted on run status SUCCESS' from the
+    sensors that sent no alert (Dagster writes that line for each run reaction a sensor returns)."""
+    from dagster import build_sensor_context
+
+    from ci_cleanup.definitions import defs
+    from ci_cleanup.sensors import lease_held_alert, max_deletions_backlog_alert, rows_with_errors_alert
+
+    instance = DagsterInstance.ephemeral()
+    sensors = (max_deletions_backlog_alert, lease_held_alert, rows_with_errors_alert)
+    repository = defs.get_repository_def()
+    # A run status sensor's first tick starts at the end of the event log: a tick before the run, for its cursor.
+    cursors = {s.name: s.evaluate_tick(build_sensor_context(instance=instance, repository_def=repository)).cursor
+               for s in sensors}
+
+    result = run_job(drop_canceling_builds, stack, instance=instance)
+
+    assert result.success
+    assert [e.event_type_value for e in result.all_events if e.event_type_value.startswith("HOOK_")] == []
+    for sensor in sensors:
+        tick = sensor.evaluate_tick(
+            build_sensor_context(instance=instance, repository_def=repository, cursor=cursors[sensor.name]))
+        assert tick.dagster_run_reactions == [] and tick.skip_message, (sensor.name, tick)

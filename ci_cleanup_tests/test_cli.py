@@ -12,14 +12,18 @@ from urllib.parse import unquote
 
 import pytest
 import redis
+from dagster import DagsterInstance
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.cli import dagster_pg_url, main
 from ci_cleanup.demo import seed
 from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
+from ci_cleanup.resources import job_resources
+from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
 from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
+from .runner import failure_messages
 from .test_code_location import WORK
 
 BIN = Path(sys.executable).parent
@@ -166,12 +170,11 @@ def test_seeding_a_configured_database_needs_its_name_and_refuses_gitlab_data(
 
     again = cli_here("seed", "--into", name, data_dir=servers_dir / "seed", **env)
 
-    assert again.returncode == 1
-    assert again.stderr.splitlines()[0] == (
-        f"ci-cleanup seed: The database at {where} holds GitLab data (p_ci_builds is not empty): "
-        "refusing to write to it"
-    )
-    assert count(scratch_database, "p_ci_builds") == 220
+    # A database this command seeded is seeded anew, its rows replaced (not added to), however often.
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)"
+    assert (count(scratch_database, "p_ci_builds"), count(scratch_database, "ci_runner_machines")) == (220, 170)
+    assert queues.dbsize() == 15
     assert not (servers_dir / "seed").exists()
     queues.flushdb()
     queues.close()
@@ -212,8 +215,8 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert dry.stdout.splitlines()[-3:] == [
         "drop_canceling_builds                    ok     rows_changed=0",
+        "    would_drop_count: 120",  # what would change first
         "    status: dry run",
-        "    would_drop_count: 120",
     ]
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
@@ -237,8 +240,8 @@ def test_one_run_of_a_job_from_the_repo_root_as_the_readme_shows_and_its_dry_run
     assert nothing_to_do.returncode == 0, nothing_to_do.stdout + nothing_to_do.stderr
     assert nothing_to_do.stdout.splitlines()[-3:] == [  # a dry run says what it would change, zeros included
         "drop_canceling_builds                    ok     rows_changed=0",
+        "    would_drop_count: 0",  # what would change first
         "    status: dry run",
-        "    would_drop_count: 0",
     ]
 
 
@@ -275,7 +278,8 @@ def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_d
                CI_CLEANUP_DATABASE_URL=scratch_database, CI_CLEANUP_REDIS_URL=stack.redis_url)
 
     assert done.returncode == 1
-    lines = done.stdout.splitlines()
+    # What it acts on comes first, before anything is changed, passwords hidden (test_a_run_prints_its_targets…).
+    lines = done.stdout.splitlines()[4:]
     assert lines[0] == "stale_runner_machines_cleanup            FAILED rows_changed=-"
     assert lines[1].startswith("    error: ") and "column ci_runner_machines.contacted_at is missing" in lines[1]
     assert len(lines) == 2 and "Traceback" not in done.stdout + done.stderr
@@ -450,3 +454,100 @@ def test_one_run_with_only_gitlabs_config_folder_as_beside_an_omnibus_gitlab(sta
     assert "drop_canceling_builds                    ok     rows_changed=120" in done.stdout
     with engine.connect() as conn:  # the demo's 120 outdated canceling builds, dropped in the files' database
         assert conn.scalar(text("SELECT count(*) FROM p_ci_builds WHERE failure_reason = 3")) == 120
+
+
+@pytest.fixture
+def password_user(stack):
+    """A user ``ci_cleanup_auth`` whose password is ``right``, in the stack's PostgreSQL (scram-sha-256 for that user
+    alone: every other user is still trusted) and its Redis (an ACL user); removed after."""
+    name = "ci_cleanup_auth"
+    admin = create_engine(stack.url("postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        hba = Path(conn.scalar(text("SHOW hba_file")))
+        original = hba.read_text()
+        hba.write_text(f"local all {name} scram-sha-256\n{original}")
+        conn.execute(text(f"CREATE ROLE {name} LOGIN PASSWORD 'right'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    client = redis.Redis.from_url(stack.redis_url)
+    client.acl_setuser(name, enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"])
+    try:
+        yield name
+    finally:
+        client.acl_deluser(name)
+        client.close()
+        with admin.connect() as conn:
+            hba.write_text(original)
+            conn.execute(text("SELECT pg_reload_conf()"))
+            conn.execute(text(f"DROP ROLE {name}"))
+        admin.dispose()
+
+
+def test_a_wrong_password_is_reported_as_failed_authentication_not_as_a_server_down(
+    servers_dir, stack, password_user, cli_here
+):
+    wrong_pg = make_url(stack.url()).set(username=password_user, password="wrong").render_as_string(False)
+    wrong_redis = stack.redis_url.replace("unix://", f"unix://{password_user}:wrong@")
+    hint = ("  The server is up and refused the user or password: check them in the URL named above "
+            "(ci-cleanup --debug … shows the traceback)")
+
+    database = cli_here("run", "stuck_export_jobs", data_dir=servers_dir / "auth",
+                        CI_CLEANUP_DATABASE_URL=wrong_pg, CI_CLEANUP_REDIS_URL=stack.redis_url)
+    redis_ = cli_here("run", "stuck_export_jobs", data_dir=servers_dir / "auth",
+                      CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=wrong_redis)
+
+    assert database.returncode == 1 and database.stderr.splitlines()[1:] == [hint]
+    first = database.stderr.splitlines()[0]
+    assert first.startswith(f"ci-cleanup run: Authentication failed for the GitLab database (PostgreSQL) at "
+                            f"postgresql+psycopg2://{password_user}:***@/gitlab?host="), first
+    assert first.endswith(f'password authentication failed for user "{password_user}"'), first
+    assert redis_.returncode == 1 and redis_.stderr.splitlines()[1:] == [hint]
+    assert redis_.stderr.splitlines()[0].startswith(
+        "ci-cleanup run: Authentication failed for Redis (CI_CLEANUP_REDIS_URL) at unix://"), redis_.stderr
+    assert "invalid username-password pair" in redis_.stderr
+    assert "wrong" not in database.stderr + redis_.stderr + database.stdout + redis_.stdout
+
+    # The same through the resources, as a scheduled run starts them.
+    for url, redis_url, what in ((wrong_pg, stack.redis_url, "the GitLab database (PostgreSQL)"),
+                                 (stack.url(), wrong_redis, "Redis")):
+        result = stuck_export_jobs.execute_in_process(
+            resources=job_resources(url, redis_url), raise_on_error=False, instance=DagsterInstance.ephemeral())
+        assert not result.success
+        assert f"Authentication failed for {what}" in failure_messages(result), failure_messages(result)
+
+
+def test_seed_into_a_database_of_the_embedded_stack_seeds_that_one_and_again_replaces_its_rows(servers_dir):
+    data_dir = servers_dir / "seed_embedded"
+
+    first = cli("seed", "--into", "gitlab_dev", data_dir=data_dir)
+    again = cli("seed", "--into", "gitlab_dev", data_dir=data_dir)
+
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "into postgresql+psycopg2://postgres@/gitlab_dev?host=" in first.stdout
+    assert again.stdout.splitlines()[-1] == "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)"
+    with EmbeddedStack(data_dir) as stack:
+        assert count(stack.url("gitlab_dev"), "p_ci_builds") == 220
+        assert count(stack.url(), "p_ci_builds") == 0  # dev's own database, which --into did not name
+    assert servers_of(data_dir) == []
+
+
+def test_a_run_prints_what_it_acts_on_before_it_changes_anything(servers_dir, stack, engine, redis_client):
+    password = make_url(stack.url()).set(password="s3cr3t-pw").render_as_string(False)  # trusted: any password
+    redis_url = stack.redis_url.replace("unix://", "unix://:s3cr3t-pw@")
+    redis_client.config_set("requirepass", "s3cr3t-pw")
+    try:
+        done = cli("run", "stale_runner_machines_cleanup", data_dir=servers_dir / "targets",
+                   CI_CLEANUP_DATABASE_URL=password, CI_CLEANUP_REDIS_URL=redis_url)
+    finally:
+        redis.Redis.from_url(redis_url).config_set("requirepass", "")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    socket_dir = make_url(stack.url()).query["host"]
+    assert done.stdout.splitlines()[:5] == [
+        "stale_runner_machines_cleanup acts on:",
+        f"  main database    postgresql+psycopg2://postgres:***@/gitlab?host={socket_dir}",
+        f"  Redis            Redis (CI_CLEANUP_REDIS_URL) at unix://***@{stack.redis_url.removeprefix('unix://')} "
+        "(leases, artifact buckets, sidekiq status)",
+        "",
+        "stale_runner_machines_cleanup            ok     rows_changed=0",
+    ]
+    assert "s3cr3t-pw" not in done.stdout + done.stderr

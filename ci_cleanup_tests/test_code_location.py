@@ -4,6 +4,7 @@ ci-cleanup demo (ci-cleanup dev: test_web_ui, on the stack its UI tests use)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,24 +108,47 @@ def test_dagster_job_execute_works_with_only_the_two_env_vars(
         assert conn.scalar(text(WORK[job_name])) != before
 
 
-@pytest.mark.parametrize("launch", [
+LAUNCHES = [
     ["dagster", "job", "execute", "-m", "ci_cleanup", "-j", "drop_canceling_builds"],
     ["dg", "launch", "--job", "drop_canceling_builds"],
-])
-def test_a_launch_in_the_repo_root_with_no_gitlab_configured_fails_in_one_line_naming_what_to_set(launch):
+]
+NO_DATABASE = ("No GitLab database: set CI_CLEANUP_DATABASE_URL (and CI_CLEANUP_CI_DATABASE_URL when GitLab is "
+               "decomposed), or CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config folder (database.yml)")
+NO_REDIS = ("No Redis for GitLab's cluster_shared_state store: none of CI_CLEANUP_REDIS_CLUSTER_SHARED_STATE_URL, "
+            "CI_CLEANUP_REDIS_SHARED_STATE_URL, CI_CLEANUP_REDIS_URL is set, and CI_CLEANUP_GITLAB_CONFIG_DIR is not "
+            "set")
+RAW_AT = ("CI_CLEANUP_DATABASE_URL has a raw '@' or ':' in its password (or cannot be parsed): percent-encode the "
+          "password ('@' as %40, ':' as %3A, '/' as %2F)")
+
+
+def _launch_fails_in_one_line(launch: list[str], error: str, **env: str) -> None:
+    """The launch fails with ``error`` on one line, and no stack trace."""
     done = subprocess.run(
-        [BIN / launch[0], *launch[1:]], env=clean_env(), capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        [BIN / launch[0], *launch[1:]], env=clean_env(**env), capture_output=True, text=True, cwd=REPO_ROOT,
+        timeout=300,
     )
 
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
-    assert [line for line in output.splitlines() if "No GitLab database" in line] == [
-        "ci_cleanup.resources.ServiceUnavailable: No GitLab database: set CI_CLEANUP_DATABASE_URL (and "
-        "CI_CLEANUP_CI_DATABASE_URL when GitLab is decomposed), or CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config "
-        "folder (database.yml)"
-    ]
+    assert [line for line in output.splitlines() if error.split(":")[0] in line] == [error], output[-3000:]
     assert "Traceback" not in output and "Stack Trace" not in output and 'File "' not in output, output[-3000:]
     assert "SupersessionWarning" not in output
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_a_launch_in_the_repo_root_with_nothing_configured_names_every_variable_to_set_in_one_line(launch):
+    _launch_fails_in_one_line(launch, f"ci_cleanup.resources.NotConfigured: {NO_DATABASE}; {NO_REDIS}")
+
+
+def test_a_launch_with_only_redis_configured_names_the_database_alone(stack):
+    _launch_fails_in_one_line(LAUNCHES[0], f"ci_cleanup.resources.NotConfigured: {NO_DATABASE}",
+                              CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+
+def test_a_launch_with_a_raw_at_sign_in_the_password_fails_in_one_line_naming_the_variable(stack):
+    _launch_fails_in_one_line(LAUNCHES[0], f"ci_cleanup.resources.ServiceUnavailable: {RAW_AT}",
+                              CI_CLEANUP_DATABASE_URL="postgresql://gitlab:p@ss@localhost/gitlabhq_production",
+                              CI_CLEANUP_REDIS_URL=stack.redis_url)
 
 
 def _demo(data_dir, *args: str, **env) -> subprocess.CompletedProcess:
@@ -171,6 +195,10 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     assert "%2F" not in first.stdout  # the socket folder as a path
     assert "The demo never uses CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL" in first.stdout
     assert "XDG_RUNTIME_DIR" not in first.stderr and "Traceback" not in first.stderr
+    # Sizes read as the README promises, a table's rows too (bucket_workers' size=…).
+    assert "size=" in first.stdout and re.search(r"size=\d+(,|;|$)", first.stdout, re.M) is None
+    # Where Redis is, said once by the seed's line: not under each run, cut mid-path, naming a variable it ignores.
+    assert "redis_" not in first.stdout and "(CI_CLEANUP_REDIS_URL)" not in first.stdout
 
     would = {  # what each job would change in the same seed's rows
         "drop_canceling_builds": "would_drop_count: 120",
@@ -188,6 +216,7 @@ def test_demo_runs_every_job_in_data_flow_order_on_the_embedded_stack_and_report
     for name, line in would.items():
         assert any(shown.startswith(line) for shown in printed[name]), (name, printed[name])
     assert "TableMetadataValue" not in dry.stdout
+    assert any(line.startswith("would_remove_files: ") for line in printed["delete_expired_artifact_files"])
     assert servers_of(data_dir) == []
     engine = create_engine(scratch_database)
     assert inspect(engine).get_table_names() == []
@@ -210,6 +239,10 @@ def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_p
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RUN_SUCCESS" in done.stderr and "Dry run: finding what would change" in done.stderr
+    # What would change, in the run's log on the console: an ephemeral instance leaves no UI to look in.
+    [shown] = [line for line in done.stderr.splitlines() if "Dry run, nothing changed" in line]
+    assert " - INFO - " in shown and shown.endswith(" - drop_outdated_builds - Dry run, nothing changed: "
+                                                   "would_drop_count 120"), shown
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
     assert redis_client.keys("gitlab:exclusive_lease:*") == []

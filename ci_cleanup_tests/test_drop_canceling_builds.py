@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 from sqlalchemy import text, update
 
 from ci_cleanup.drop_canceling_builds import service
@@ -511,3 +511,23 @@ def test_a_schema_qualified_builds_table_is_used(stack, engine, redis_client):
     assert row(engine, "ci_builds", in_101).status == "failed"
     assert_untouched(engine, in_100, before)
     assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 1
+
+
+def test_every_run_gives_the_plots_a_point_also_one_with_nothing_to_do(stack, engine, redis_client):
+    """The UI plots each number of the observations on gitlab/ci_builds across runs: an idle run observes zeros,
+    so that 120 -> 0 -> 0 -> 40 reads as it happened, not as 120 -> 40. A dry run changes nothing and observes
+    nothing (its would_… are in its report)."""
+    instance = DagsterInstance.ephemeral()
+    outdated(engine)
+    runs = [run_job(drop_canceling_builds, stack, instance=instance) for _ in range(3)]
+    run_job(drop_canceling_builds, stack, instance=instance, dry_run=True)
+
+    observed = [
+        {k: v.value for k, v in record.asset_observation.metadata.items() if k in ("dropped", "doomed", "batches")}
+        for record in instance.fetch_observations(AssetKey(["gitlab", "ci_builds"]), limit=10).records
+    ]
+    assert observed[::-1] == [
+        {"dropped": 1, "doomed": 0, "batches": 1}, {"dropped": 0, "doomed": 0, "batches": 0},
+        {"dropped": 0, "doomed": 0, "batches": 0},
+    ]
+    assert [op_metadata(r, "drop_outdated_builds")["dropped_count"] for r in runs] == [1, 0, 0]

@@ -389,7 +389,7 @@ def test_a_failed_prune_run_is_alerted_gives_its_lease_back_and_deletes_nothing(
     named = f"The instance's key '{service.DELETING_KEY}' does not hold a JSON list of run ids"
     assert named in failure_messages(result)
     assert run_ids(dagster_db) - {result.run_id} == before
-    assert redis_client.keys(f"{PREFIX}*") == []  # released by the failure hook
+    assert redis_client.keys(f"{PREFIX}*") == []  # released as the failed run ended
     run_failed_alert(build_run_status_sensor_context(
         sensor_name="run_failed_alert", dagster_event=result.get_run_failure_event(), dagster_instance=instance,
         dagster_run=result.dagster_run,

@@ -299,14 +299,16 @@ def test_unreachable_or_refusing_stores_are_named_without_a_password(sentinel_se
     nodes = ",".join(f"127.0.0.1:{n.port}" for n in redis_cluster.nodes)
     refused = "invalid username-password pair or user is disabled."
     assert messages == {
-        "a wrong password for the set": f"{at} {hosts}: {refused}",
+        # The server answered and refused the password: said so, not that it could not be reached.
+        "a wrong password for the set": f"{at.replace('Cannot reach', 'Authentication failed for')} {hosts}: "
+                                        f"{refused}",
         "a wrong password for the sentinels": f"{at} {hosts}: No master found for 'gitlab-redis' (the sentinels "
                                               f"answered: {', '.join(['AuthenticationError'] * 3)})",
         "no sentinel answering": f"{at} 127.0.0.1:1: No master found for 'gitlab-redis' (the sentinels answered: "
                                  "ConnectionError)",
-        "a wrong password for the cluster": f"Cannot reach GitLab's shared_state Redis (test, Cluster) at nodes "
-                                            f"{nodes}: Redis Cluster cannot be connected. Please provide at least one "
-                                            f"reachable node: {refused}",
+        "a wrong password for the cluster": f"Authentication failed for GitLab's shared_state Redis (test, Cluster) "
+                                            f"at nodes {nodes}: Redis Cluster cannot be connected. Please provide at "
+                                            f"least one reachable node: {refused}",
     }
     assert [m for m in messages.values() for p in (*PASSWORDS, "not-") if p in m] == []
 

@@ -319,7 +319,7 @@ def test_postgresql_connection_killed_mid_run_fails_naming_postgresql_leaves_no_
     # The batch was one transaction: every row untouched (the lock blocked it before it changed anything).
     assert [row(engine, case.table, i) for i in ids] == before
     if name in LEASES:
-        assert client.get(PREFIX + LEASES[name]) is None  # released by the failure hook, not left for its TTL
+        assert client.get(PREFIX + LEASES[name]) is None  # released as the run ended, not left for its TTL
     result = run_job(case.job, faults)
     assert result.success and all(case.done(row(engine, case.table, i)) for i in ids)
 
@@ -349,7 +349,7 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
         dropped = new.status == "failed" and new.failure_reason == 3 and new.lock_version == old.lock_version + 1
         assert new == old or dropped
     assert sum(new.status == "failed" for new in after) == 3  # the waiting batch committed before the renew failed
-    # The failure hook could not reach Redis: the lease outlives the run, but only for its TTL.
+    # The run could not reach Redis to release it: the lease outlives the run, but only for its TTL.
     ttl = client.ttl(PREFIX + DROP_LEASE)
     assert 0 < ttl <= DROP_TTL
     result = run_job(case.job, faults)

@@ -24,7 +24,7 @@ from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.schema import utc_now
-from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_WITH_ERRORS
 from ci_cleanup.schedule_bulk_delete_job_artifacts import files, service
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     ARTIFACTS_ROOT_ENV,
@@ -1037,8 +1037,16 @@ def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path
     result = run_job(delete_expired_artifact_files, stack, run_config=files_run_config(tmp_path), dry_run=True)
     assert path.exists() and ids(engine, "ci_deleted_objects") == rows
     would = op_metadata(result, FILES_REPORT)
-    assert (would["would_removed"], would["would_missing"], would["would_object_storage"], would["would_refused"]) == (
-        1, 1, 1, 1)
+    assert {k: v for k, v in would.items() if isinstance(v, int)} == {  # what would change, first, read as words
+        "would_remove_files": 1, "would_drop_rows_of_missing_files": 1, "would_leave_in_object_storage": 1,
+        "would_leave_without_root": 0, "would_refuse_count": 1, ROWS_CHANGED: 0, "files_removed": 0,
+        "files_missing": 0, "object_storage_left": 0, "local_left_without_root": 0, "refused_count": 0,
+        ROWS_WITH_ERRORS: 0, "batches": 0, "due_count": 4, "due_object_storage": 1,
+    }
+    assert list(would)[:7] == [
+        "would_remove_files", "would_drop_rows_of_missing_files", "would_leave_in_object_storage",
+        "would_leave_without_root", "would_refuse_count", "would_delete_row_ids", "object_storage_ids",
+    ]
     assert would["would_delete_row_ids"] == rows[:2]
     assert op_metadata(result, FILES_REPORT)["status"] == "dry run"
 
@@ -1103,4 +1111,5 @@ def test_files_job_never_follows_a_symbolic_link_below_the_root(
         "success", 1, 1, 1
     )
     assert report["refused"][0].startswith(f"row {refused}: ") and "is a symbolic link" in report["refused"][0]
-    assert (would["would_refused"], would["would_removed"], would["refused"][0]) == (1, 1, report["refused"][0])
+    assert (would["would_refuse_count"], would["would_remove_files"], would["refused"][0]) == (
+        1, 1, report["refused"][0])

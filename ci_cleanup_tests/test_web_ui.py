@@ -51,11 +51,9 @@ class Dev:
 
 @pytest.fixture(scope="module")
 def dev(servers_dir):
-    """`ci-cleanup dev` on a seeded embedded stack, stopped by the last test as Ctrl-C would (here if it is not)."""
+    """`ci-cleanup dev` on a fresh embedded stack, which it seeds (its GitLab database is empty), stopped by the last
+    test as Ctrl-C would (here if it is not)."""
     data_dir, port = servers_dir / "ui" / "dev", free_port()
-    subprocess.run(
-        [BIN / "ci-cleanup", "--data-dir", str(data_dir), "seed"], env=clean_env(), check=True, capture_output=True
-    )
     process = subprocess.Popen(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "dev", "--port", str(port)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -147,11 +145,27 @@ def test_launchpad_dry_run_of_drop_canceling_builds_succeeds_with_its_metadata(d
     sync_api.expect(page.get_by_text("RUN_SUCCESS").first).to_be_visible(timeout=60_000)
     sync_api.expect(page.get_by_text("dry run", exact=True).first).to_be_visible()  # report_dropped_builds' status
     sync_api.expect(page.get_by_text("rows_changed", exact=True).first).to_be_visible()
+    sync_api.expect(page.get_by_text("would_drop_count", exact=True).first).to_be_visible()  # dev seeded its data
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "drop_canceling_builds_dry_run.png"))
 
     page.get_by_role("button", name="View tags and config").click()
     sync_api.expect(page.get_by_text("ci_cleanup/dry_run").first).to_be_visible()
+
+
+def test_a_run_launched_from_the_ui_is_plotted_where_docs_ui_md_says(dev_ui, page):
+    """docs/ui.md: Catalog → gitlab → ci_builds → Metadata → Plots, one plot per number the batches observe."""
+    open_page(page, f"{dev_ui}/locations/ci_cleanup/jobs/drop_canceling_builds/playground")
+    page.get_by_role("button", name="Launch Run").click()
+    page.wait_for_url(re.compile(r".*/runs/[0-9a-f-]{36}.*"))
+    sync_api.expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=120_000)
+
+    go_within_the_app(page, f"{dev_ui}/assets/gitlab/ci_builds")
+    page.get_by_text("Plots", exact=True).first.click()
+    for number in ("dropped", "doomed", "changed_concurrently", "batches"):
+        sync_api.expect(page.get_by_text(number, exact=True).first).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ci_builds_plots.png"))
 
 
 def test_ctrl_c_stops_dev_and_every_server_it_started(dev):
@@ -160,3 +174,6 @@ def test_ctrl_c_stops_dev_and_every_server_it_started(dev):
     output, _ = dev.process.communicate(timeout=60)
     assert dev.process.returncode == 0, output[-3000:]
     assert servers_of(dev.data_dir) == []
+    # Its first start seeded the empty GitLab database, so that a first launch from the UI has work to do.
+    assert "The embedded GitLab database is empty: seeding the demo dataset into it" in output
+    assert "Seeded the demo GitLab dataset\n" in output

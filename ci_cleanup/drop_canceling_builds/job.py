@@ -80,7 +80,8 @@ def drop_canceling_builds_in_batches(
     renew_lease = LEASE.keeper(context, gitlab_redis)
     # The service's per-build log line ("Dropping outdated build"), as the observations' table.
     observer = BatchObserver(
-        context, ASSET, ["build_id", "runner_id", "status", "failure_reason"], log_name="dropping_outdated_builds"
+        context, ASSET, ["build_id", "runner_id", "status", "failure_reason"], log_name="dropping_outdated_builds",
+        keys=["dropped", "doomed", "changed_concurrently"],
     )
 
     def on_batch(batch: service.BatchOutcome) -> None:

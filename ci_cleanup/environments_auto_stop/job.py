@@ -92,7 +92,8 @@ def stop_environments_in_batches(
         return StoppedEnvironments(plan, service.AutoStopResult())
     dry_run = plan.start.mode is RunMode.DRY_RUN
     renew_lease = LEASE.keeper(context, gitlab_redis)
-    observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments")
+    observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments", keys=() if dry_run
+                             else ["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"])
 
     def on_batch(batch: service.BatchOutcome) -> None:
         if dry_run:

@@ -80,6 +80,10 @@ class StoreConfigError(ConfigFileError):
     """A store's settings cannot be used; names the variable or file and key, never a value."""
 
 
+class StoreNotSet(StoreConfigError):
+    """Nothing says where a store is: no variable, no resource field, no GitLab config folder."""
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """One store's connection settings, and where they were read (``source``: a variable, or a file and key).
@@ -251,7 +255,7 @@ def resolve(store: str, env: Mapping[str, str], config_dir: str | Path | None = 
             return parse_entry(candidate, entry, source, source)
     searched = [f"{ENV_PREFIX[s]}_URL" for s in chain(store)]
     where = f" nor in {config_dir}" if config_dir else f", and {ENV_CONFIG_DIR} is not set"
-    raise StoreConfigError(f"No Redis for GitLab's {store} store: none of {', '.join(searched)} is set{where}")
+    raise StoreNotSet(f"No Redis for GitLab's {store} store: none of {', '.join(searched)} is set{where}")
 
 
 def parse_entry(store: str, entry: object, source: str, name: str) -> StoreConfig:

@@ -139,7 +139,8 @@ def run_bucket_workers(
     if not plan.start.runs:
         return BucketWorkersDone(plan, [])
     workers, schema = plan.buckets.max_buckets, gitlab_db.schema
-    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts")
+    observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts",
+                             keys=["destroyed_job_artifacts_count", "size", "deleted_objects"])
     # Each worker holds a connection for its whole run: an engine of exactly that many for this op. It reads GitLab's
     # flags in main and deletes in ci: a connection to each when decomposed; on one database, each batch reads them.
     artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
@@ -286,7 +287,7 @@ def plan_artifact_file_removal(
         if begun.mode is RunMode.DRY_RUN:
             preview = files.preview(conn, schema, Path(root) if root else None, utc_now(), MAX_IDS_REPORTED)
             would = {
-                **{f"would_{k}": v for k, v in _files_counts(preview).items()},
+                **{WOULD[k]: v for k, v in _files_counts(preview).items()},
                 "would_delete_row_ids": (preview.removed + preview.missing)[:MAX_IDS_REPORTED],
                 "object_storage_ids": preview.object_storage[:MAX_IDS_REPORTED],
                 "refused": [f"row {i}: {why}" for i, why in preview.refused[:MAX_IDS_REPORTED]],
@@ -298,6 +299,14 @@ def plan_artifact_file_removal(
          **begun.metadata}
     )
     return FilesPlan(begun, root, config.batch_size, config.max_batches, due_by_store, would)
+
+
+# A dry run's names for _files_counts' keys, read as what a run would do to each row.
+WOULD = {
+    "removed": "would_remove_files", "missing": "would_drop_rows_of_missing_files",
+    "object_storage": "would_leave_in_object_storage", "no_root": "would_leave_without_root",
+    "refused": "would_refuse_count",
+}
 
 
 def _files_counts(batch: files.FilesBatch) -> dict:
@@ -325,7 +334,7 @@ def remove_expired_artifact_files(
     def report_error(row_id: int, error: BaseException) -> None:
         track_exception(context, error, ci_deleted_object_id=row_id)
 
-    with BatchObserver(context, DELETED_OBJECTS) as observer:
+    with BatchObserver(context, DELETED_OBJECTS, keys=list(WOULD)) as observer:
         return FilesRemoved(plan, files.delete_expired_artifact_files(
             gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema,
             root, batch_size=plan.batch_size, max_batches=plan.max_batches,

@@ -94,7 +94,8 @@ def delete_stale_runner_machines_in_sub_batches(
     """Delete sub-batch after sub-batch, each its own transaction and one observation on the table."""
     if not plan.start.runs:
         return CleanupDone(plan, service.CleanupResult(max_deletions=plan.limits.max_deletions))
-    observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines")
+    observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines",
+                             keys=["deleted"])
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
         observer.add({"deleted": len(deleted_ids)}, ({"runner_machine_id": i} for i in deleted_ids))

@@ -80,7 +80,8 @@ def fail_stuck_export_jobs_in_chunks(
     database refuses it), each chunk observed on the table. A dry run asks the same questions and changes nothing."""
     # Each chunk's numbers and failed jobs, observed on the table at a bounded rate; a dry run observes nothing,
     # its report lists what would fail.
-    observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs")
+    observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs",
+                             keys=["enqueued", "running", "failed"] if plan.start.runs else [])
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         if outcome is not None:
