@@ -143,6 +143,22 @@ def test_section_states_the_figures_and_replaces_itself_only():
         original.replace("## The services", traffic.HEADING + "\n\nnew\n\n## The services"))
 
 
+def test_results_of_separate_runs_are_merged_each_job_once(tmp_path):
+    path = tmp_path / "traffic.json"
+    first = _figures(3)
+    first.load, first.rows = [1.5, 2.0], 1_000_000
+    assert traffic.merged(path, [first]) == [first]
+    bulk = _figures(3)
+    bulk.job = "schedule_bulk_delete_job_artifacts"
+    again = _figures(1)
+    assert [(r.job, len(r.samples[ALONE])) for r in traffic.merged(path, [bulk])] == [
+        ("drop_canceling_builds", 3), ("schedule_bulk_delete_job_artifacts", 3)]
+    merged = traffic.merged(path, [again])
+    assert [(r.job, len(r.samples[ALONE])) for r in merged] == [
+        ("drop_canceling_builds", 1), ("schedule_bulk_delete_job_artifacts", 3)]
+    assert traffic.merged(path, []) == merged and traffic.merged(None, [bulk]) == [bulk]
+
+
 @pytest.fixture
 def traffic_db(scratch_database):
     engine = gitlab_database(scratch_database)

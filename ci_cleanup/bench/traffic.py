@@ -123,6 +123,13 @@ class JobTraffic:
     job: str
     candidates: int
     samples: dict[str, list[Sample]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
+    load: list[float] = field(default_factory=list)  # the 1-minute load average before and after its rounds
+    rows: int = 0  # ci_builds / ci_job_artifacts rows before the candidates
+
+    @classmethod
+    def from_dict(cls, stored: dict) -> JobTraffic:
+        samples = {c: [Sample(**s) for s in stored["samples"][c]] for c in CONTENDERS}
+        return cls(stored["job"], stored["candidates"], samples, stored["load"], stored["rows"])
 
     def median(self, contender: str, figure: Callable[[Sample], float]) -> float:
         return statistics.median(figure(s) for s in self.samples[contender])
@@ -327,7 +334,7 @@ def bench_job(scenario: Scenario, job: str, candidates: int, rounds: int, log=pr
     figures, cur = JobTraffic(job, candidates), scenario.cur
     before = launched.add_candidates(scenario.engine, scenario.client, job, candidates)
     hot = hot_rows(cur, job, before)
-    expected = None
+    expected, figures.load = None, [os.getloadavg()[0]]
     with launched._no_autovacuum(cur, launched._met(job)):
         launched.snapshot(cur, job, before)
         for r in range(rounds):
@@ -343,6 +350,7 @@ def bench_job(scenario: Scenario, job: str, candidates: int, rounds: int, log=pr
                     if sample.rows != expected:
                         raise AssertionError(f"{job} {contender} changed {sample.rows} rows, the first {expected}")
         launched.reset(cur, job, before, candidates=False)  # the tables as they were before the candidates
+    figures.load.append(os.getloadavg()[0])
     return figures
 
 
@@ -380,6 +388,7 @@ def bench_traffic(env: dict[str, str], *, rows: int, candidates: int, rounds: in
             for job in jobs:
                 log(f"{job}: {candidates:,} candidates, {rounds} rounds of {' / '.join(CONTENDERS)}")
                 results.append(bench_job(scenario, job, candidates, rounds, log))
+                results[-1].rows = rows
     finally:
         admin.close()
         engine.dispose()
@@ -460,21 +469,36 @@ def with_section(markdown: str, text_: str) -> str:
     return before + text_ + ("\n## " + rest[1] if len(rest) > 1 else "")
 
 
+def merged(path: Path | None, results: list[JobTraffic]) -> list[JobTraffic]:
+    """``results`` with the other jobs' from an earlier run stored at ``path`` (a job measured again replaces its
+    own), in the jobs' order; all of them stored back. Lets the jobs be measured one at a time, when the machine
+    is quiet."""
+    if path is None:
+        return results
+    stored = {r["job"]: JobTraffic.from_dict(r) for r in json.loads(path.read_text())} if path.is_file() else {}
+    stored.update({r.job: r for r in results})
+    order = [job.name for job in JOBS]
+    every = sorted(stored.values(), key=lambda r: order.index(r.job))
+    path.write_text(json.dumps([asdict(r) for r in every], indent=1))
+    return every
+
+
 def main(env: dict[str, str], args) -> None:
-    from .run import _load, machine, postgres_settings
+    from .run import machine, postgres_settings
 
     sizes = SMALL if args.small else dict(rows=args.traffic_rows, candidates=args.candidates,
                                           rounds=args.traffic_rounds)
     jobs = args.jobs.split(",") if args.jobs else [job.name for job in JOBS]
-    load = {"before": os.getloadavg()}
     results = bench_traffic(env, jobs=jobs, rate=args.rate, **sizes)
-    load["after"] = os.getloadavg()
+    results = merged(Path(args.traffic_results) if args.traffic_results else None, results)
     now = dt.datetime.now(dt.UTC)
+    loads = "; ".join(f"{r.job} {r.load[0]:.2f} → {r.load[1]:.2f}" for r in results)
     context = (f"Written by `ci-cleanup bench --traffic{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} "
                f"UTC: {machine()}; PostgreSQL: {postgres_settings(env['CI_CLEANUP_DATABASE_URL'])}; "
-               f"{sizes['candidates']:,} candidates per job; load average {_load(load['before'])} before, "
-               f"{_load(load['after'])} after (a shared 2-core machine: compare within one run).")
-    text_ = section(results, rows=sizes["rows"], rounds=sizes["rounds"], rate=args.rate, context=context)
+               f"{sizes['candidates']:,} candidates per job. The 1-minute load average before and after each job's "
+               f"rounds (a shared 2-core machine: compare within one job): {loads}.")
+    text_ = section(results, rows=max(r.rows for r in results), rounds=min(len(r.samples[ALONE]) for r in results),
+                    rate=args.rate, context=context)
     print(text_)
     if args.output:
         path = Path(args.output)
