@@ -7,14 +7,14 @@ import shutil
 import threading
 
 import pytest
-from sqlalchemy import text
 
-from ci_cleanup.bench import launched, seed, traffic, workload
+from ci_cleanup.bench import launched, traffic, workload
 from ci_cleanup.bench.floor import connect
 from ci_cleanup.bench.traffic import ALONE, CONTENDERS, LAUNCHED, JobTraffic, Sample
 from ci_cleanup.devstack import DAGSTER_YAML
 
-from .harness import gitlab_database
+from .test_bench_floor import _rows
+from .test_bench_floor import bench_db as bench_db  # noqa: F401 (a fixture: a scratch database, seeded)
 
 
 def test_percentile_is_the_nearest_rank():
@@ -159,24 +159,10 @@ def test_results_of_separate_runs_are_merged_each_job_once(tmp_path):
     assert traffic.merged(path, []) == merged and traffic.merged(None, [bulk]) == [bulk]
 
 
-@pytest.fixture
-def traffic_db(scratch_database):
-    engine = gitlab_database(scratch_database)
-    for table in seed.INSERTS:
-        seed.insert(engine, table, 300)
-    yield scratch_database, engine
-    engine.dispose()
-
-
-def _rows(engine, query: str, **params) -> list[tuple]:
-    with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(text(query), params)]
-
-
-def test_workload_runs_its_count_and_waits_on_a_row_another_session_holds(traffic_db):
+def test_workload_runs_its_count_and_waits_on_a_row_another_session_holds(bench_db):
     """Bounded by its count; every update and insert reached the database; a row lock another session holds is
     logged as the workload's wait, with that session as its holder."""
-    url, engine = traffic_db
+    url, engine = bench_db
     admin, holder = connect(url), connect(url)
     cur = admin.cursor()
     cur.execute(f"CREATE SCHEMA IF NOT EXISTS {launched.TEMPLATE}")
@@ -212,11 +198,11 @@ def test_workload_runs_its_count_and_waits_on_a_row_another_session_holds(traffi
     assert any(f"holding the lock: {holder_pid}." in line for line in lines)
 
 
-def test_a_tiny_scenario_runs_every_contender_and_changes_every_candidate(traffic_db, stack, tmp_path, monkeypatch):
+def test_a_tiny_scenario_runs_every_contender_and_changes_every_candidate(bench_db, stack, tmp_path, monkeypatch):
     """One round of drop_canceling_builds: every contender measured once beside the workload, every run changing
     exactly the candidates, and the tables left without them."""
     monkeypatch.setattr(traffic, "ALONE_S", 2)
-    url, engine = traffic_db
+    url, engine = bench_db
     shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
     env = {"CI_CLEANUP_DATABASE_URL": url, "CI_CLEANUP_REDIS_URL": stack.redis_url,
            "CI_CLEANUP_DAGSTER_PG_URL": stack.url("dagster"), "DAGSTER_HOME": str(tmp_path)}
@@ -224,7 +210,7 @@ def test_a_tiny_scenario_runs_every_contender_and_changes_every_candidate(traffi
         monkeypatch.setenv(name, env[name])
     builds = _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds")
     logged: list[str] = []
-    results = traffic.bench_traffic(env, rows=300, candidates=250, rounds=1, jobs=["drop_canceling_builds"],
+    results = traffic.bench_traffic(env, rows=500, candidates=250, rounds=1, jobs=["drop_canceling_builds"],
                                     rate=100, log=logged.append)
     [figures] = results
     assert {c: [s.rows for s in samples] for c, samples in figures.samples.items()} == {
