@@ -702,6 +702,15 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--launched", action="store_true",
                        help="only the headline: the jobs launched against their floors, idle runs and the bare Dagster "
                             "job, on the tables as they are; replaces that section of the output")
+    bench.add_argument("--traffic", action="store_true",
+                       help="only GitLab's traffic: a synthetic workload alone and beside each job, unbraked "
+                            "and braked; replaces (or adds) that section of the output")
+    bench.add_argument("--traffic-rows", type=int, default=1_000_000, help="--traffic: ci_builds/ci_job_artifacts rows")
+    bench.add_argument("--traffic-rounds", type=int, default=3, help="--traffic: rounds (the figures are their median)")
+    bench.add_argument("--rate", type=float, default=150, help="--traffic: the workload's transactions per second")
+    bench.add_argument("--traffic-results", metavar="JSON",
+                       help="--traffic: keep every job's figures in JSON and write the section from all of them "
+                            "(measure the jobs one at a time, each when the machine is quiet)")
     default_output = str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     bench.add_argument("--output", default=default_output, help="'' to skip")
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")

@@ -572,6 +572,11 @@ def check_output(args) -> None:
 
 
 def main(env: dict[str, str], args) -> None:
+    if getattr(args, "traffic", False):
+        from . import traffic
+
+        traffic.main(env, args)
+        return
     check_output(args)
     if args.small:  # a development run of a few minutes; the figures are not the headline's
         for name, value in SMALL.items():
