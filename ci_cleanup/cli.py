@@ -683,6 +683,13 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument(
         "--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)",
     )
+    add_bench(sub, into_help)
+    add_schema(sub)
+    add_sidekiq_cron(sub)
+    return parser
+
+
+def add_bench(sub, into_help: str) -> None:
     bench = sub.add_parser("bench", help="benchmark every job as launched against its floor, and the services; "
                                          "writes BENCHMARKS.md")
     bench.add_argument("--into", metavar="DATABASE", help=into_help)
@@ -713,6 +720,9 @@ def parser() -> argparse.ArgumentParser:
                             "(measure the jobs one at a time, each when the machine is quiet)")
     default_output = str(Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     bench.add_argument("--output", default=default_output, help="'' to skip")
+
+
+def add_schema(sub) -> None:
     schema = sub.add_parser("schema", help=f"GitLab schema commands (in {DATABASE} when set, else the embedded stack)")
     schema.add_argument("action", choices=["create"])
     schema.add_argument(
@@ -728,8 +738,6 @@ def parser() -> argparse.ArgumentParser:
         help=f"GitLab's main and ci databases, each with GitLab's lock-writes triggers on the other's tables "
              f"(the embedded stack's gitlab and gitlab_ci, else {DATABASE} and {CI_DATABASE})",
     )
-    add_sidekiq_cron(sub)
-    return parser
 
 
 def add_sidekiq_cron(sub) -> None:

@@ -83,8 +83,8 @@ MAX_BATCHES_LISTED = 1000  # per-batch counts kept in one observation
 class BatchObserver:
     """A run's per-batch numbers, observed on a GitLab table at a bounded rate instead of once per batch.
 
-    Writing an observation costs about 15 ms (an event in the instance's PostgreSQL), as much as a batch's
-    SQL: so batches are gathered and observed every ``every`` seconds, and once more at the end. Each
+    Writing an observation is an event in the instance's PostgreSQL, as costly as a batch's SQL
+    (docs/performance.md): so batches are gathered and observed every ``every`` seconds, and once more at the end. Each
     observation carries the sums since the last one (what the UI plots across runs), ``batches``,
     ``per_batch`` (each batch's counts, in order) and the first ``MAX_ROWS_OBSERVED`` rows of the
     service's per-batch log (ids, statuses) as a table; the run's last op lists the first 1000 ids too.

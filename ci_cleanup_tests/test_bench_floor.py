@@ -259,8 +259,8 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
         monkeypatch.setenv(name, env[name])
     builds = _rows(engine, "SELECT count(*), max(id) FROM p_ci_builds")
     logged = []
-    figures = launched.bench_job(env, engine, redis_client, "drop_canceling_builds", 350, 2, tmp_path,
-                                 log=logged.append)
+    figures = launched.bench_job(launched.Bench(env, engine, redis_client, tmp_path, log=logged.append),
+                                 "drop_canceling_builds", 350, 2)
     assert figures.rows == 350 and figures.batches == 4
     # Each contender once untimed first (the warm-up), then the two rounds counted, the idle run among them.
     assert [line.split(":")[0] for line in logged[:5]] == [

@@ -240,73 +240,87 @@ def _max_id(conn, table: str) -> int:
     return conn.execute(text("SELECT coalesce(max(id), 0) FROM " + table)).scalar()  # table: a SCOPED constant
 
 
+def _drop_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
+    """Every other dropped build also leaves the pending queue."""
+    conn.execute(text("""
+        INSERT INTO ci_pending_builds (build_id, project_id, partition_id)
+        SELECT id, project_id, partition_id FROM p_ci_builds WHERE id > :before AND id % 2 = 0
+    """), {"before": before["p_ci_builds"]})
+
+
+def _export_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
+    # Exports an earlier bench's rounds spared (running, or in their grace) are still enqueued: every idle
+    # run would page through them. Finished, as they would be by now.
+    conn.execute(text("UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND status IN (0, 1)"),
+                 {"before": before["project_export_jobs"]})
+    # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
+    conn.execute(text("""
+        INSERT INTO project_relation_exports
+               (project_export_job_id, project_id, relation, created_at, updated_at)
+        SELECT id, project_id, 'issues', created_at, created_at FROM project_export_jobs
+        WHERE id > :before AND id % 10 = 0
+    """), {"before": before["project_export_jobs"]})
+    conn.execute(text("""
+        UPDATE project_export_jobs
+        SET created_at = now() - CASE WHEN id % 20 = 0 THEN interval '1 hour' ELSE interval '7 hours' END
+        WHERE id > :before AND id % 10 = 0
+    """), {"before": before["project_export_jobs"]})
+    # A seventh still have their Sidekiq job (status key present): running, left.
+    running = conn.execute(text("SELECT jid FROM project_export_jobs WHERE id > :before AND id % 7 = 0"),
+                           {"before": before["project_export_jobs"]}).scalars().all()
+    pipe = client.pipeline(transaction=False)
+    for jid in running:
+        pipe.set(sidekiq_status.status_key(jid), "1")
+    pipe.execute()
+
+
+def _environment_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
+    # Background environments that fall due during the rounds (auto_stop_at within the next hours, or left
+    # due by an interrupted bench, '-infinity' included) would be stopped by the first run alone, their stop
+    # actions (builds of a candidate's pipeline can be) played once: their auto-stop moved a week from now.
+    conn.execute(text("""
+        UPDATE environments SET auto_stop_at = greatest(auto_stop_at, now()) + interval '7 days'
+        WHERE id <= :before AND state = 'available' AND auto_stop_at < now() + interval '6 hours'
+    """), {"before": before["environments"]})
+    # Stop actions an earlier bench on these tables added in the pipelines the candidates deploy from are
+    # outside the snapshot: the first run alone would play them. Deleted (the rows only a bench adds).
+    conn.execute(text("SET LOCAL session_replication_role = replica"))
+    conn.execute(text("""
+        DELETE FROM p_ci_builds stop_action
+        USING environments e, deployments d, p_ci_builds deployable
+        WHERE e.id > :before AND d.environment_id = e.id AND deployable.id = d.deployable_id
+          AND stop_action.commit_id = deployable.commit_id AND stop_action.name = d.on_stop
+    """), {"before": before["environments"]})
+    conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
+    # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
+    before["p_ci_builds"] = _max_id(conn, "p_ci_builds")
+    conn.execute(text("""
+        INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
+                                 created_at, updated_at, "when", allow_failure)
+        SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
+               deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
+               deployable.created_at, 'manual', true
+        FROM environments e
+        JOIN deployments d ON d.environment_id = e.id AND d.status = 2
+        JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
+        WHERE e.id > :before AND e.id % 10 = 0
+        ORDER BY deployable.commit_id
+    """), {"before": before["environments"]})
+
+
+# The cases each job's guards decide, beyond its plain candidates.
+_CASES = {"drop_canceling_builds": _drop_cases, "stuck_export_jobs": _export_cases,
+          "environments_auto_stop": _environment_cases}
+
+
 def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dict[str, int]:
     """``n`` candidates of the job, with the cases its guards decide; returns the id before them per scoped table."""
     with engine.connect() as conn:
         before = {table: _max_id(conn, table) for table in SCOPED[job]}
     seed.insert(engine, BY_NAME[job].table, n, every=1)
-    with engine.begin() as conn:
-        if job == "drop_canceling_builds":  # every other dropped build also leaves the pending queue
-            conn.execute(text("""
-                INSERT INTO ci_pending_builds (build_id, project_id, partition_id)
-                SELECT id, project_id, partition_id FROM p_ci_builds WHERE id > :before AND id % 2 = 0
-            """), {"before": before["p_ci_builds"]})
-        elif job == "stuck_export_jobs":
-            # Exports an earlier bench's rounds spared (running, or in their grace) are still enqueued: every idle
-            # run would page through them (18,570 after a headline run). Finished, as they would be by now.
-            conn.execute(text("UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND status IN (0, 1)"),
-                         {"before": before["project_export_jobs"]})
-            # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
-            conn.execute(text("""
-                INSERT INTO project_relation_exports
-                       (project_export_job_id, project_id, relation, created_at, updated_at)
-                SELECT id, project_id, 'issues', created_at, created_at FROM project_export_jobs
-                WHERE id > :before AND id % 10 = 0
-            """), {"before": before["project_export_jobs"]})
-            conn.execute(text("""
-                UPDATE project_export_jobs
-                SET created_at = now() - CASE WHEN id % 20 = 0 THEN interval '1 hour' ELSE interval '7 hours' END
-                WHERE id > :before AND id % 10 = 0
-            """), {"before": before["project_export_jobs"]})
-            # A seventh still have their Sidekiq job (status key present): running, left.
-            running = conn.execute(text("SELECT jid FROM project_export_jobs WHERE id > :before AND id % 7 = 0"),
-                                   {"before": before["project_export_jobs"]}).scalars().all()
-            pipe = client.pipeline(transaction=False)
-            for jid in running:
-                pipe.set(sidekiq_status.status_key(jid), "1")
-            pipe.execute()
-        elif job == "environments_auto_stop":
-            # Background environments that fall due during the rounds (auto_stop_at within the next hours, or left
-            # due by an interrupted bench, '-infinity' included) would be stopped by the first run alone, their stop
-            # actions (builds of a candidate's pipeline can be) played once: their auto-stop moved a week from now.
-            conn.execute(text("""
-                UPDATE environments SET auto_stop_at = greatest(auto_stop_at, now()) + interval '7 days'
-                WHERE id <= :before AND state = 'available' AND auto_stop_at < now() + interval '6 hours'
-            """), {"before": before["environments"]})
-            # Stop actions an earlier bench on these tables added in the pipelines the candidates deploy from are
-            # outside the snapshot: the first run alone would play them. Deleted (the rows only a bench adds).
-            conn.execute(text("SET LOCAL session_replication_role = replica"))
-            conn.execute(text("""
-                DELETE FROM p_ci_builds stop_action
-                USING environments e, deployments d, p_ci_builds deployable
-                WHERE e.id > :before AND d.environment_id = e.id AND deployable.id = d.deployable_id
-                  AND stop_action.commit_id = deployable.commit_id AND stop_action.name = d.on_stop
-            """), {"before": before["environments"]})
-            conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
-            # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
-            before["p_ci_builds"] = _max_id(conn, "p_ci_builds")
-            conn.execute(text("""
-                INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
-                                         created_at, updated_at, "when", allow_failure)
-                SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
-                       deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
-                       deployable.created_at, 'manual', true
-                FROM environments e
-                JOIN deployments d ON d.environment_id = e.id AND d.status = 2
-                JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
-                WHERE e.id > :before AND e.id % 10 = 0
-                ORDER BY deployable.commit_id
-            """), {"before": before["environments"]})
+    if job in _CASES:
+        with engine.begin() as conn:
+            _CASES[job](conn, client, before)
     if job == "schedule_bulk_delete_job_artifacts":
         _enable_bulk_delete(engine, client)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -457,93 +471,122 @@ def round_order(contenders: tuple[str, ...], r: int) -> tuple[str, ...]:
     return rotated if (r // n) % 2 == 0 else tuple(reversed(rotated))
 
 
-def bench_job(env, engine, client, job: str, n: int, rounds: int, log_dir: Path, log=print,
-              deployed_env: dict[str, str] | None = None, contenders: tuple[str, ...] = CONTENDERS) -> Launched:
-    """``contenders`` in a changing order each round (with "deployed" when ``deployed_env`` is given), then the
-    job's whole-process idle runs beside the bare job's when the floor is among them (they only serve the
-    comparison with the floor)."""
-    figures = Launched(job, n)
-    contenders = (*contenders, DEPLOYED) if deployed_env else contenders
-    before = add_candidates(engine, client, job, n)
-    recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
-    admin = connect(env["CI_CLEANUP_DATABASE_URL"])
-    postgres_cpu = postgres_cpu_clock(admin.cursor())
+@dataclass(frozen=True)
+class Bench:
+    """Where a job is benched: the stack's environment and clients, the runs' log folder and the bench's log."""
 
-    def cpu_of(contender: str, run: Callable[..., tuple], *args) -> tuple:
-        """``run(*args)``'s result; its CPU (client and PostgreSQL) recorded as ``contender``'s, where it is read."""
-        if postgres_cpu is None or contender not in figures.cpu:
-            return run(*args)
-        client, server = _client_cpu(), postgres_cpu()
-        result = run(*args)
+    env: dict[str, str]
+    engine: Engine
+    client: redis.Redis
+    log_dir: Path
+    log: Callable[[str], None] = print
+    deployed_env: dict[str, str] | None = None  # the URLs through PgBouncer: adds the "deployed" contender
+
+
+class _Contenders:
+    """One job's contenders, each run once as a round runs it, its CPU recorded where it is read."""
+
+    def __init__(self, bench: Bench, job: str, figures: Launched, postgres_cpu: Callable[[], float] | None) -> None:
+        self.bench, self.job, self.figures, self.postgres_cpu = bench, job, figures, postgres_cpu
+        self.digest: Callable[[], dict] = dict  # the changed tables' digest, set once they are snapshotted
+
+    def timed(self, contender: str) -> tuple[float, float | None, int]:
+        """``run(contender)``, its CPU (client and PostgreSQL) recorded as ``contender``'s where it is read."""
+        if self.postgres_cpu is None or contender not in self.figures.cpu:
+            return self.run(contender)
+        client, server = _client_cpu(), self.postgres_cpu()
+        result = self.run(contender)
         client = _client_cpu() - client
-        figures.client_cpu[contender].append(client)
+        self.figures.client_cpu[contender].append(client)
         # The server's delta first: in whole ticks, often exactly 0 for a short run, and client + after - before in
         # floating point then came out a hair below the client's own CPU.
-        figures.cpu[contender].append(client + (postgres_cpu() - server))
+        self.figures.cpu[contender].append(client + (self.postgres_cpu() - server))
         return result
 
-    def run_contender(contender: str) -> tuple[float, float | None, int]:
+    def run(self, contender: str) -> tuple[float, float | None, int]:
         """Seconds, the run record's seconds (launched runs) and rows changed."""
+        bench, job = self.bench, self.job
         if contender in ("job", "idle", DEPLOYED):
-            seconds, run_s, _, rows = launch({**env, **deployed_env} if contender == DEPLOYED else env, job, log_dir)
+            env = {**bench.env, **bench.deployed_env} if contender == DEPLOYED else bench.env
+            seconds, run_s, _, rows = launch(env, job, bench.log_dir)
             if contender == "idle" and rows:
                 raise AssertionError(f"{job}'s idle run changed {rows} rows: it was meant to find nothing to do")
             return seconds, run_s, rows
         # Each run on a connection of its own, as each launched job's process opens one: a new PostgreSQL backend
-        # maps the shared buffers it touches anew (environments' service: 0.26-0.41 s of a 8.4-8.9 s run more than
-        # on a backend that had run it before, PostgreSQL's CPU 0.26-0.34 s; 4 alternating rounds, twice).
-        engine.dispose()
+        # maps the shared buffers it touches anew (docs/performance.md).
+        bench.engine.dispose()
         started = time.perf_counter()
         if contender == "floor":
-            rows, figures.batches = FLOORS[job](env["CI_CLEANUP_DATABASE_URL"], client)
+            rows, self.figures.batches = FLOORS[job](bench.env["CI_CLEANUP_DATABASE_URL"], bench.client)
         else:
-            rows = BY_NAME[job].job(engine, client, lambda: None)
+            rows = BY_NAME[job].job(bench.engine, bench.client, lambda: None)
         return time.perf_counter() - started, None, rows
 
+
+def _rounds(runs: _Contenders, contenders: tuple[str, ...], rounds: int, reset_to: Callable) -> tuple:
+    """One untimed run of every contender (the rounds then all meet warm caches), then ``rounds`` in a changing
+    order; each run but the idle ones must leave the tables as the first did. The first run's digest."""
+    job, figures, log = runs.job, runs.figures, runs.bench.log
+    for contender in contenders:
+        reset_to(candidates=contender != "idle")
+        log(f"  {job} warm-up {contender}: {runs.run(contender)[0]:.2f} s (not counted)")
+    expected = None
+    for r in range(rounds):
+        for contender in round_order(contenders, r):
+            reset_to(candidates=contender != "idle")
+            seconds, run_s, rows = runs.timed(contender)
+            figures.seconds[contender].append(seconds)
+            if contender == "job":
+                figures.seconds["run_record"].append(run_s)
+            log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
+            if contender == "idle":
+                continue
+            state = runs.digest()
+            if expected is None:
+                expected, figures.rows = state, rows
+            if state != expected:
+                raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than "
+                                     f"the first run:\n{state}\n!=\n{expected}")
+    return expected
+
+
+def _idle_beside_bare(bench: Bench, job: str, figures: Launched) -> None:
+    """Each idle run beside a bare Dagster job's, in alternating order."""
+    for i in range(IDLE_RUNS):
+        for idle in (True, False) if i % 2 == 0 else (False, True):
+            if idle:
+                figures.idle.append(launch(bench.env, job, bench.log_dir)[2])
+            else:
+                figures.bare.append(launch(bench.env, bare_job.NAME, bench.log_dir, ("-f", bare_job.__file__))[2])
+    bench.log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s; "
+              f"bare beside them: {', '.join(f'{s:.2f}' for s in figures.bare)} s")
+
+
+def bench_job(bench: Bench, job: str, n: int, rounds: int, contenders: tuple[str, ...] = CONTENDERS) -> Launched:
+    """``contenders`` in a changing order each round (with "deployed" when the bench has a deployed environment),
+    then the job's whole-process idle runs beside the bare job's when the floor is among them (they only serve the
+    comparison with the floor)."""
+    figures = Launched(job, n)
+    contenders = (*contenders, DEPLOYED) if bench.deployed_env else contenders
+    before = add_candidates(bench.engine, bench.client, job, n)
+    recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
+    admin = connect(bench.env["CI_CLEANUP_DATABASE_URL"])
+    runs = _Contenders(bench, job, figures, postgres_cpu_clock(admin.cursor()))
     with contextlib.closing(admin), _no_autovacuum(admin.cursor(), _met(job)):
         cur = admin.cursor()
+        runs.digest = lambda: digest(cur, job, before, recent)
         snapshot(cur, job, before)
-        # One untimed run of every contender first: the rounds then all meet warm caches (PostgreSQL's buffers after
-        # its start, the system's for the tables and the virtualenv's files), not only the rounds after the first.
-        for contender in contenders:
-            reset(cur, job, before, candidates=contender != "idle")
-            log(f"  {job} warm-up {contender}: {run_contender(contender)[0]:.2f} s (not counted)")
-        expected = None
-        for r in range(rounds):
-            order = round_order(contenders, r)
-            for contender in order:
-                reset(cur, job, before, candidates=contender != "idle")
-                seconds, run_s, rows = cpu_of(contender, run_contender, contender)
-                figures.seconds[contender].append(seconds)
-                if contender == "job":
-                    figures.seconds["run_record"].append(run_s)
-                log(f"  {job} round {r + 1} {contender}: {rows:,} rows in {seconds:.2f} s")
-                if contender == "idle":
-                    continue
-                state = digest(cur, job, before, recent)
-                if expected is None:
-                    expected, figures.rows = state, rows
-                if state != expected:
-                    raise AssertionError(f"{job}: the {contender} run of round {r + 1} left other tables than "
-                                         "the first run:"
-                                         f"\n{state}\n!=\n{expected}")
+        expected = _rounds(runs, contenders, rounds, lambda **kw: reset(cur, job, before, **kw))
         if "floor" in contenders:
             figures.postgres = statements.measure(
-                env, job, REPLAY_PAIRS, lambda: reset(cur, job, before), lambda: digest(cur, job, before, recent),
-                expected, log_dir, log)
+                bench.env, job, REPLAY_PAIRS, lambda: reset(cur, job, before), runs.digest, expected, bench.log_dir,
+                bench.log)
             reset(cur, job, before, candidates=False)  # checkpointed: the rounds' writes on disk before the idle runs
-            for i in range(IDLE_RUNS):  # each idle run beside a bare one, in alternating order
-                for idle in (True, False) if i % 2 == 0 else (False, True):
-                    if idle:
-                        figures.idle.append(launch(env, job, log_dir)[2])
-                    else:
-                        figures.bare.append(launch(env, bare_job.NAME, log_dir, ("-f", bare_job.__file__))[2])
-            log(f"  {job} idle: {', '.join(f'{s:.2f}' for s in figures.idle)} s; "
-                f"bare beside them: {', '.join(f'{s:.2f}' for s in figures.bare)} s")
+            _idle_beside_bare(bench, job, figures)
             # The candidates back, done as a round does them: later candidates (an environment's deployments, its
             # stop actions) refer to these rows, and a later bench meets them done, not missing.
             reset(cur, job, before)
-            FLOORS[job](env["CI_CLEANUP_DATABASE_URL"], client)
+            FLOORS[job](bench.env["CI_CLEANUP_DATABASE_URL"], bench.client)
     return figures
 
 
@@ -569,7 +612,7 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
         for job in jobs:
             log(f"{job}: {candidates:,} candidates, {rounds} rounds of {' / '.join(contenders)}"
                 f"{' / deployed' if deployed else ''}")
-            results.append(bench_job(env, engine, client, job, candidates, rounds, Path(logs), log, deployed,
+            results.append(bench_job(Bench(env, engine, client, Path(logs), log, deployed), job, candidates, rounds,
                                      contenders))
     engine.dispose()
     return results

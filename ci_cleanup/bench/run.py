@@ -365,14 +365,9 @@ def _load(values: tuple[float, float, float]) -> str:
 LAUNCHED_HEADING = "## The jobs as the daemon runs them, against their floor"
 
 
-def launched_section(results: list[launched.Launched], bare: list[float], args, daemon_s: float | None,
-                     separate_run: str = "") -> str:
-    """BENCHMARKS.md's headline section, ending with its figure lines. ``separate_run``: how it was measured when
-    not in the services' run (``ci-cleanup bench --launched``)."""
-    daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
-    return f"""{LAUNCHED_HEADING}
-{separate_run}
-{args.candidates:,} candidates per job in the {args.big_rows:,}-row tables, {args.rounds} rounds after an untimed one
+# How the headline section is measured, before its table (launched_section fills it in).
+LAUNCHED_METHOD = """\
+{candidates:,} candidates per job in the {big_rows:,}-row tables, {rounds} rounds after an untimed one
 (warm caches from the first counted round on); in each round the job, its floor, its service and its idle run each start
 from the same reset state (the idle run's without the candidates; the others' with them: the candidates deleted and
 vacuumed, then restored from a template with triggers off: in the same pages every time; then every table a run may
@@ -400,7 +395,7 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   them between runs) and checkpointed. "job − idle run, vs floor": (job − idle) / floor of each round, the median of
   the rounds': the job's work against the floor's, without the start-up (target ≤ 1.15); the figure after it, from
   the three contenders' medians (each from whichever round), shows how much the pairing moves it. After the rounds,
-  the idle run again, whole process, {launched.IDLE_RUNS} times: "idle `dagster job execute`" (target ≤ 2.5 s).
+  the idle run again, whole process, {idle_runs} times: "idle `dagster job execute`" (target ≤ 2.5 s).
 - "CPU ms/batch over floor": the CPU of every run above, the client's processes (the launch and its children, or this
   process for the floor and the service) and PostgreSQL's (its postmaster and every child, read from `/proc`) together,
   per round, medians of the rounds': the launched job's with its round's idle run's taken off, and the service's, each
@@ -412,7 +407,7 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   about ±0.5 ms a batch from one run to the next.
 - "PostgreSQL's part, statement by statement" (`ci_cleanup/bench/statements.py`): after the rounds, the job run once in
   process with its own resources (its statement timeout, its transactions) and the floor once, every statement each
-  sends recorded; then, {launched.REPLAY_PAIRS} pairs of times from the same reset state, on one new connection, the
+  sends recorded; then, {replay_pairs} pairs of times from the same reset state, on one new connection, the
   batches sent again alternating, batch i as the job sent it and batch i + 1 as the floor did, the other way round in
   the pair's second replay; the backend's CPU around each batch from `/proc/<pid>/schedstat`. Each batch's two costs
   (job, floor) come from the pair's two replays; the figure is the median over the batches of the difference, the
@@ -422,8 +417,8 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   (target ≤ 0.3 ms).
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
   Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
-  order): {_spread(bare)} s over all jobs. It exits as the jobs' processes do (`gc.freeze()` at exit, no final
-  garbage collection). "idle − bare" (the median of a job's {launched.IDLE_RUNS} pairs) is what a job's own
+  order): {bare} s over all jobs. It exits as the jobs' processes do (`gc.freeze()` at exit, no final
+  garbage collection). "idle − bare" (the median of a job's {idle_runs} pairs) is what a job's own
   start-up adds to Dagster's: its imports, resources, schema check, lease, run start and end (target ≤ 0.4 s).
 - A scheduled run through dagster-daemon with nothing to do, from the run its tick created to RUN_SUCCESS:
   {daemon} (target ≤ 6 s).
@@ -431,7 +426,20 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   floor, `startup_over_bare_s=` its idle run over the bare job's, `batch_cpu_over_floor_ms_max=` its launched
   CPU per batch over the floor's, `batch_client_cpu_over_floor_ms_max=` the client's part of it,
   `batch_cost_over_floor_ms_max=` a batch's cost beyond the floor's (client + PostgreSQL's statements).
+"""
 
+
+def launched_section(results: list[launched.Launched], bare: list[float], args, daemon_s: float | None,
+                     separate_run: str = "") -> str:
+    """BENCHMARKS.md's headline section, ending with its figure lines. ``separate_run``: how it was measured when
+    not in the services' run (``ci-cleanup bench --launched``)."""
+    daemon = f"{daemon_s:.2f} s" if daemon_s is not None else "not measured (--no-daemon)"
+    method = LAUNCHED_METHOD.format(
+        candidates=args.candidates, big_rows=args.big_rows, rounds=args.rounds, idle_runs=launched.IDLE_RUNS,
+        replay_pairs=launched.REPLAY_PAIRS, bare=_spread(bare), daemon=daemon)
+    return f"""{LAUNCHED_HEADING}
+{separate_run}
+{method}
 {launched_table(results, bare)}
 
 {launched_figures(results, bare)}
