@@ -193,8 +193,9 @@ def bucket_workers(engine: Engine, client: redis.Redis, duty_cycle: float) -> in
     def work(bucket: int) -> int:
         pace = Pacer(duty_cycle)
         return bulk_delete.run_bucket_worker(
-            engine, client, S, bucket=bucket, max_batches=UNLIMITED, max_runtime=dt.timedelta(days=1),
-            on_batch=lambda claimed, batch: pace(), with_rows=lambda: False,
+            engine, client, S, bucket=bucket,
+            limits=bulk_delete.Limits(max_batches=UNLIMITED, max_runtime=dt.timedelta(days=1)),
+            hooks=bulk_delete.Hooks(on_batch=lambda claimed, batch: pace()),
         ).destroyed_job_artifacts_count
 
     with ThreadPoolExecutor(workers, "bucket_worker") as pool:
