@@ -241,7 +241,7 @@ def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_p
     assert "RUN_SUCCESS" in done.stderr and "Dry run: finding what would change" in done.stderr
     # What would change, in the run's log on the console: an ephemeral instance leaves no UI to look in.
     [shown] = [line for line in done.stderr.splitlines() if "Dry run, nothing changed" in line]
-    assert " - INFO - " in shown and shown.endswith(" - drop_outdated_builds - Dry run, nothing changed: "
+    assert " - INFO - " in shown and shown.endswith(" - report_dropped_builds - Dry run, nothing changed: "
                                                    "would_drop_count 120"), shown
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before

@@ -530,4 +530,4 @@ def test_every_run_gives_the_plots_a_point_also_one_with_nothing_to_do(stack, en
         {"dropped": 1, "doomed": 0, "batches": 1}, {"dropped": 0, "doomed": 0, "batches": 0},
         {"dropped": 0, "doomed": 0, "batches": 0},
     ]
-    assert [op_metadata(r, "drop_outdated_builds")["dropped_count"] for r in runs] == [1, 0, 0]
+    assert [op_metadata(r, "report_dropped_builds")["dropped_count"] for r in runs] == [1, 0, 0]

@@ -467,7 +467,7 @@ def test_invalid_config_is_refused_before_anything_is_written(stack, engine, red
 def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_database, redis_client):
     scratch = gitlab_database(
         scratch_database,
-        "ALTER TABLE environments DROP COLUMN auto_stop_setting",
+        "ALTER TABLE environments DROP COLUMN updated_at",
         "DROP TABLE deployments",
         "INSERT INTO environments (id, project_id, name, slug, state, auto_stop_at) "
         "VALUES (1, 1, 'review/a', 'review-a', 'available', now() - interval '1 hour')",
@@ -477,7 +477,7 @@ def test_missing_column_fails_clearly_and_changes_nothing(stack, scratch_databas
 
     assert not result.success
     message = step_failure_message(result)
-    assert "column environments.auto_stop_setting" in message and "table deployments" in message
+    assert "column environments.updated_at" in message and "table deployments" in message
     with scratch.connect() as conn:
         assert conn.execute(text("SELECT state FROM environments")).scalar_one() == "available"
     assert redis_client.exists(LEASE) == 0

@@ -46,14 +46,15 @@ def loop_until(
 
     As GitLab's: the time is checked after each call, so a call is never cut short, and a slow first one still runs.
     """
-    started = clock()
+    started = began = clock()
     for _ in range(limit):
-        began = clock()
         if not body():
             return LoopEnd.DONE
-        if timeout is not None and clock() - started > timeout:
+        now = clock()  # once a call, as GitLab's: the batch's end is the next one's start, but for the pause
+        if timeout is not None and now - started > timeout:
             return LoopEnd.TIMEOUT
-        pause = brake.pause_after(clock() - began)
+        pause = brake.pause_after(now - began)
         if pause > 0:
             sleep(pause)
+        began = now + max(pause, 0)
     return LoopEnd.LIMIT
