@@ -360,7 +360,7 @@ def test_no_password_of_a_redis_url_in_any_output(gitlab_redis, queues_env, cli_
     assert f"Sidekiq's Redis ({config / 'redis.queues.yml'} production) at redis://***@127.0.0.1:" in outputs[5]
     assert f"in Redis (CI_CLEANUP_REDIS_URL) at redis://***@127.0.0.1:{sidekiq_server.port}/0" in outputs[10]
     refused = cli_here("sidekiq-cron", "status", data_dir=tmp_path, CI_CLEANUP_REDIS_QUEUES_URL=wrong)
-    assert one_line(refused).startswith("ci-cleanup sidekiq-cron: Cannot reach Sidekiq's Redis "
+    assert one_line(refused).startswith("ci-cleanup sidekiq-cron: Authentication failed for Sidekiq's Redis "
                                         f"(CI_CLEANUP_REDIS_QUEUES_URL) at redis://***@127.0.0.1:{sidekiq_server.port}/0")
     installed = subprocess.run([BIN / "ci-cleanup", "sidekiq-cron", "status"], env=clean_env(**queues_env),
                                capture_output=True, text=True, timeout=120)
