@@ -709,6 +709,9 @@ def add_bench(sub, into_help: str) -> None:
     bench.add_argument("--launched", action="store_true",
                        help="only the headline: the jobs launched against their floors, idle runs and the bare Dagster "
                             "job, on the tables as they are; replaces that section of the output")
+    bench.add_argument("--release", choices=list(RELEASES),
+                       help="--launched: on this vendored GitLab release's DDL (a database of its own: --data-dir or "
+                            "--into); writes its line of BENCHMARKS.md")
     bench.add_argument("--traffic", action="store_true",
                        help="only GitLab's traffic: a synthetic workload alone and beside each job, unbraked "
                             "and braked; replaces (or adds) that section of the output")

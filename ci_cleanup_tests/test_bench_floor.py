@@ -379,6 +379,34 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     assert again.rstrip().endswith("| services |") and again.startswith(markdown.split(run.LAUNCHED_HEADING)[0])
 
 
+def test_a_release_line_is_replaced_not_repeated_and_outlives_the_headlines_rewrite():
+    """``bench --launched --release R`` writes R's line of its section (made after the headline's when missing);
+    another release's line stays, and so does the section when ``--launched`` rewrites the headline."""
+    from ci_cleanup.bench import run
+
+    markdown = f"# Benchmarks\n\n{run.LAUNCHED_HEADING}\n\n| headline |\n\nwork_vs_floor_max=1.00\n\n## The services\n"
+    once = run.with_release_line(markdown, "18.y", "- GitLab 18.y (`18.y.sql`): work_vs_floor_max=1.10")
+    assert once == (f"# Benchmarks\n\n{run.LAUNCHED_HEADING}\n\n| headline |\n\nwork_vs_floor_max=1.00\n\n"
+                    f"{run.RELEASES_HEADING}\n\n{run.RELEASES_NOTE}\n\n"
+                    "- GitLab 18.y (`18.y.sql`): work_vs_floor_max=1.10\n\n## The services\n")
+    both = run.with_release_line(once, "16.0", "- GitLab 16.0 (`16.0.sql`): work_vs_floor_max=1.02")
+    again = run.with_release_line(both, "18.y", "- GitLab 18.y (`18.y.sql`): work_vs_floor_max=1.05")
+    assert again == both.replace("work_vs_floor_max=1.10", "work_vs_floor_max=1.05")
+    assert again.count("- GitLab ") == 2 and again.endswith("work_vs_floor_max=1.02\n\n## The services\n")
+    rewritten = run.with_launched_section(again, f"{run.LAUNCHED_HEADING}\n\n| new headline |\n")
+    assert rewritten.split(run.RELEASES_HEADING)[1] == again.split(run.RELEASES_HEADING)[1]
+    assert "| new headline |" in rewritten and "| headline |" not in rewritten
+
+
+def test_release_measures_the_headline_only(tmp_path):
+    from argparse import Namespace
+
+    from ci_cleanup.bench import run
+
+    with pytest.raises(SystemExit, match="--release measures the headline only: add --launched"):
+        run.main({}, Namespace(output="", launched=False, deployed=False, small=False, release="18.y"))
+
+
 @pytest.mark.parametrize("mode", ["launched", "deployed"])
 def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_path, mode):
     """--launched / --deployed replace their section of the whole benchmark's file: a missing file (or one without
@@ -388,7 +416,7 @@ def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_p
     from ci_cleanup.bench import run
 
     args = Namespace(output=str(tmp_path / "missing.md"), launched=mode == "launched", deployed=mode == "deployed",
-                     small=False)
+                     small=False, release=None)
     with pytest.raises(SystemExit, match="missing.md: no such file"):
         run.main({}, args)
     if mode == "launched":

@@ -8,6 +8,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from ci_cleanup.bench import seed
+from ci_cleanup.gitlab.schema import create_schema
 
 from .harness import gitlab_database
 
@@ -115,4 +116,33 @@ def test_runner_machines_are_seeded_in_the_order_they_were_registered(scratch_da
                    max(id) FILTER (WHERE created_at <= now() - interval '7 days')
             FROM ci_runner_machines""")).one()
         assert len(never) == 20 and never[0] > older  # after every machine registered before the week
+    engine.dispose()
+
+
+def test_the_newest_release_is_seeded_in_its_partitions_with_0016ea05s_indexes_where_its_columns_allow(
+        scratch_database):
+    """18.y's DDL ships no non-unique index, two partitions of builds and artifacts, and organization_id where
+    runner machines had sharding_key_id: the seed fills what it has, and the borrowed indexes make its batches
+    the index scans they are on 0016ea05."""
+    engine = create_engine(scratch_database)
+    create_schema(engine, release="18.y")
+    skipped = []
+    seed.borrow_indexes(engine, "18.y", log=skipped.append)
+    for table in seed.INSERTS:
+        seed.insert(engine, table, 60, every=10)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT partition_id, count(*) FROM p_ci_builds GROUP BY 1 ORDER BY 1")).all() == [
+            (100, 30), (101, 30)]
+        assert conn.execute(text("SELECT partition_id, count(*) FROM p_ci_job_artifacts GROUP BY 1 ORDER BY 1")
+                            ).all() == [(100, 30), (101, 30)]
+        assert conn.execute(text("""SELECT runner_type, count(*), count(organization_id) FROM ci_runner_machines
+                                    GROUP BY 1 ORDER BY 1""")).all() == [(1, 20, 0), (2, 20, 20), (3, 20, 20)]
+        indexes = set(conn.scalars(text(f"SELECT indexname FROM pg_indexes WHERE schemaname {OURS}")))
+    assert {"p_ci_builds_status_type_runner_id_idx", "index_ci_runner_machines_687967fa8a_on_created_at_and_id_desc",
+            "index_environments_on_state_and_auto_stop_at"} <= indexes
+    assert skipped[0] == "GitLab 18.y's DDL has no non-unique index: 18.x's borrowed"
+    assert all("sharding_key_id" in line for line in skipped[1:]) and len(skipped) > 1
+    logged = len(skipped)
+    seed.borrow_indexes(engine, "18.x", log=skipped.append)  # a release that ships its indexes borrows none
+    assert len(skipped) == logged
     engine.dispose()

@@ -30,7 +30,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab.schema import create_schema, gitlab_schema, truncate_all
+from ..gitlab.schema import RELEASES, create_schema, gitlab_schema, truncate_all
 from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
@@ -524,7 +524,9 @@ def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
     bare Dagster job and the daemon's scheduled run) on the tables as they are, grown to ``big_rows``; its section
     of ``args.output`` replaced by this run's, the others kept."""
     engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
-    create_schema(engine)
+    create_schema(engine, release=args.release)
+    if args.release:
+        seed.borrow_indexes(engine, args.release)
     load = {"before": os.getloadavg()}
     print(f"Tables at {args.big_rows:,} rows")
     grow(engine, args.big_rows, print)
@@ -543,8 +545,48 @@ is from the run the heading names): {machine()}; PostgreSQL:
     print(section)
     if args.output:
         path = Path(args.output)
-        path.write_text(with_launched_section(path.read_text(), section))
+        if args.release:
+            line = release_line(args.release, results, bare, args, now)
+            path.write_text(with_release_line(path.read_text(), args.release, line))
+        else:
+            path.write_text(with_launched_section(path.read_text(), section))
         print(f"\nWritten to {args.output}")
+
+
+RELEASES_HEADING = "## The same jobs on other GitLab releases' schemas"
+
+
+def release_line(release: str, results: list[launched.Launched], bare: list[float], args, now: dt.datetime) -> str:
+    """One line of :data:`RELEASES_HEADING`: the headline's figures, measured the same way on ``release``'s DDL."""
+    figures = launched_figures(results, bare).replace("\n", ", ")
+    return (f"- GitLab {release} (`{RELEASES[release]}`), `ci-cleanup bench --launched --release {release}` on "
+            f"{now:%Y-%m-%d %H:%M} UTC, {args.candidates:,} candidates per job in {args.big_rows:,}-row tables, "
+            f"{args.rounds} rounds: {figures}")
+
+
+def with_release_line(markdown: str, release: str, line: str) -> str:
+    """BENCHMARKS.md with ``release``'s line of :data:`RELEASES_HEADING` replaced by ``line``; the section, when
+    missing, goes after the headline's (which ``--launched`` replaces up to the next section: it keeps this one)."""
+    if RELEASES_HEADING not in markdown:
+        headline_end = markdown.index("\n## ", markdown.index(LAUNCHED_HEADING) + 1)
+        markdown = (f"{markdown[:headline_end]}\n{RELEASES_HEADING}\n\n{RELEASES_NOTE}\n"
+                    f"{markdown[headline_end:]}")
+    before, heading, after = markdown.partition(RELEASES_HEADING)
+    section, rest = after.split("\n## ", 1) if "\n## " in after else (after, None)
+    note, _, lines = section.strip("\n").partition("\n\n- GitLab ")
+    lines = [f"- GitLab {kept}" for kept in lines.split("\n- GitLab ") if kept]
+    ours = [i for i, kept in enumerate(lines) if kept.startswith(f"- GitLab {release} ")]
+    if ours:
+        lines[ours[0]] = line
+    else:
+        lines.append(line)
+    section = "\n".join([note, "", *lines])
+    return f"{before}{heading}\n\n{section}\n" + (f"\n## {rest}" if rest is not None else "")
+
+
+RELEASES_NOTE = """The headline's figures on a vendored release's DDL (`ci_cleanup/gitlab/sql/versions/`), seeded and
+run as above; a release whose DDL ships no non-unique index gets 0016ea05's on its tables, where its columns
+allow."""
 
 
 def with_launched_section(markdown: str, section: str) -> str:
@@ -569,6 +611,8 @@ def with_deployed_section(markdown: str, section: str) -> str:
 def check_output(args) -> None:
     """``--launched`` and ``--deployed`` replace their section of a file the whole benchmark wrote: checked before
     the minutes of measuring, not after."""
+    if args.release and not args.launched:
+        raise SystemExit("--release measures the headline only: add --launched")
     if not args.output or not (args.launched or args.deployed):
         return
     path = Path(args.output)

@@ -1,7 +1,8 @@
 """Fill the GitLab schema fast, server-side (``INSERT … SELECT … FROM generate_series``).
 
 GitLab's own schema (:func:`~ci_cleanup.gitlab.schema.create_schema`): builds and artifacts go through
-``p_ci_builds`` / ``p_ci_job_artifacts`` into partitions 100, 101 and 102, ids from GitLab's triggers.
+``p_ci_builds`` / ``p_ci_job_artifacts`` into the partitions the schema has (100, 101 and 102 on 0016ea05), ids
+from GitLab's triggers.
 
 At ``scale=1.0``: 10 M ``ci_builds`` (1 % stuck canceling), 1 M runner machines (10 % stale),
 1 M export jobs (1 % stuck), 1 M environments (5 % past auto_stop_at; 2 M deployments) and 10 M job artifacts
@@ -21,13 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import ProgrammingError
 
-from ..gitlab.schema import create_schema, naive_utc, utc_now
+from ..gitlab.schema import create_schema, ddl, naive_utc, utc_now
 
 # The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
 PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
@@ -54,7 +57,7 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
     conn.execute(text("""
         INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, runner_id, user_id,
                                lock_version, created_at, updated_at, started_at, finished_at, "when", allow_failure)
-        SELECT 100 + (:before + g) % 3, 1 + g % 50000, (:before + g) / 8,
+        SELECT 100 + (:before + g) % :partitions, 1 + g % 50000, (:before + g) / 8,
                (ARRAY['rspec','rubocop','build','deploy','test'])[1 + g % 5], 'Ci::Build',
                CASE WHEN g % :every = 0 THEN 'canceling'
                     ELSE (ARRAY['success','success','success','success','success','success','failed','canceled',
@@ -63,7 +66,8 @@ def insert_builds(conn: Connection, n: int, every: int, now: dt.datetime) -> Non
                'on_success', false
         FROM generate_series(1, :n) g,
         LATERAL (SELECT CAST(:now AS timestamp) - make_interval(secs => 7200 + (g::bigint * 7919) % 31536000) AS t) x
-    """), {"n": n, "every": every, "now": naive_utc(now), "before": before})
+    """), {"n": n, "every": every, "now": naive_utc(now), "before": before,
+           "partitions": partitions(conn, "p_ci_builds")})
     conn.execute(text("""
         INSERT INTO ci_running_builds (build_id, project_id, runner_id, runner_type, partition_id)
         SELECT id, project_id, runner_id, 1, partition_id FROM p_ci_builds
@@ -75,10 +79,12 @@ def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetim
     """Live machines (contacted within the hour, or registered this week), and ones silent for 8 days to a year.
 
     In the order they were registered, as GitLab appends them: ids and table pages follow ``created_at``, so the
-    machines registered this week sit at the table's end, not one in every 20 rows of every page.
+    machines registered this week sit at the table's end, not one in every 20 rows of every page. A group or
+    project machine's owner is ``sharding_key_id``, or ``organization_id`` where GitLab dropped that column.
     """
-    conn.execute(text("""
-        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, sharding_key_id, created_at, updated_at,
+    owner = "sharding_key_id" if has_column(conn, "ci_runner_machines", "sharding_key_id") else "organization_id"
+    conn.execute(text(f"""
+        INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, {owner}, created_at, updated_at,
                                         contacted_at)
         SELECT 1 + g % 200000, md5(gen_random_uuid()::text), 1 + g % 3,
                CASE WHEN g % 3 <> 0 THEN 1 + g % 50000 END,
@@ -137,14 +143,14 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
 def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> None:
     """Locked, unexpired, never-expiring and trace artifacts, and unlocked ones expired 1 to 30 days ago.
 
-    A job's artifacts (``(:before + g) / 3``) sit in the three partitions, so GitLab's unique index
+    A job's artifacts (``(:before + g) / partitions``) sit one in each partition, so GitLab's unique index
     (job_id, file_type, partition_id) holds however often the benchmark adds rows.
     """
     before = conn.scalar(text("SELECT last_value FROM ci_job_artifacts_id_seq"))
     conn.execute(text("""
         INSERT INTO p_ci_job_artifacts (partition_id, project_id, job_id, file_type, size, file, file_store,
                                         file_final_path, expire_at, locked, created_at, updated_at)
-        SELECT 100 + (:before + g) % 3, 1 + (g / 7) % 50000, (:before + g) / 3,
+        SELECT 100 + (:before + g) % :partitions, 1 + (g / 7) % 50000, (:before + g) / :partitions,
                CASE WHEN g % :every <> 0 AND g % 10 = 9 THEN 3 ELSE 1 + g % 2 END,
                1000 + g % 100000, 'artifacts.zip', 2,
                CASE WHEN g % 2 = 0 THEN '@final/' || substr(md5(g::text), 1, 2) || '/' || md5(g::text) END,
@@ -154,7 +160,54 @@ def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> 
                     WHEN g % 10 = 9 THEN :now - make_interval(days => 1 + g % 30) END,
                CASE WHEN g % :every = 0 OR g % 10 >= 4 THEN 0 ELSE 1 END, created, created
         FROM generate_series(1, :n) g, LATERAL (SELECT :now - make_interval(days => 31 + g % 300) AS created) x
-    """), {"n": n, "every": every, "now": now, "before": before})
+    """), {"n": n, "every": every, "now": now, "before": before,
+           "partitions": partitions(conn, "p_ci_job_artifacts")})
+
+
+def partitions(conn: Connection, parent: str) -> int:
+    """How many partition_id values ``parent``'s partitions take (a partition may take two): the seed fills
+    100 up, as GitLab numbers them."""
+    return conn.scalar(text("""
+        SELECT sum(array_length(string_to_array(pg_get_expr(c.relpartbound, c.oid), ','), 1))
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST(:parent AS regclass)
+    """), {"parent": parent})
+
+
+def has_column(conn: Connection, table: str, column: str) -> bool:
+    return conn.scalar(text("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) "
+                            "AND attname = :column AND NOT attisdropped)"), {"table": table, "column": column})
+
+
+# A vendored release whose DDL ships without GitLab's non-unique indexes (its header says so) is benchmarked with
+# 0016ea05's, where its tables have their columns: without them every batch would scan its 10 M-row table.
+INDEXES_FROM = "18.x"
+
+
+# An index already here, or on a table this schema lacks or has as a partition (its parent's index covers it).
+_NOT_BORROWED = text("""
+    SELECT to_regclass(:index) IS NOT NULL
+        OR coalesce((SELECT relispartition FROM pg_class WHERE oid = to_regclass(:table)), true)
+""")
+
+
+def borrow_indexes(engine: Engine, release: str, log=print) -> None:
+    """For a ``release`` whose DDL has no non-unique index, 0016ea05's indexes on its tables: a partitioned
+    table's on the table itself (each partition gets its own), none naming a column it lacks (named in the log)."""
+    if any(statement.startswith("CREATE INDEX") for statement in ddl(release=release)):
+        return
+    log(f"GitLab {release}'s DDL has no non-unique index: {INDEXES_FROM}'s borrowed")
+    tables = re.compile(r"CREATE (?:UNIQUE )?INDEX (\S+) ON (?:ONLY )?(\S+) ")
+    with engine.begin() as conn:
+        for statement in ddl(release=INDEXES_FROM):
+            found = tables.match(statement)
+            if not found or conn.scalar(_NOT_BORROWED, {"index": found[1], "table": found[2]}):
+                continue
+            try:
+                with conn.begin_nested():
+                    conn.exec_driver_sql(statement.replace(" ON ONLY ", " ON ", 1),
+                                         execution_options={"no_parameters": True})
+            except ProgrammingError as error:  # a column GitLab dropped since
+                log(f"  not borrowed: {found[1]} ({' '.join(str(error.orig).split())})")
 
 
 INSERTS = {
