@@ -53,6 +53,7 @@ from .resources import (
     GitLabDatabase,
     GitLabRedis,
     ServiceUnavailable,
+    UnusableSetting,
     _redis_client,
     close_client,
     database_url,
@@ -88,6 +89,8 @@ class CliError(Exception):
 def _what_to_do(error: Exception) -> str:
     if isinstance(error, CliError):
         return error.hint
+    if isinstance(error, UnusableSetting):
+        return f"Fix the file or setting named above, or set the server's URL variable instead {DEBUG_HINT}"
     if isinstance(error, AuthenticationFailed):
         return f"The server is up and refused the user or password: check them in the URL named above {DEBUG_HINT}"
     if isinstance(error, ServiceUnavailable):

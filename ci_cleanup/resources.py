@@ -66,6 +66,11 @@ class NotConfigured(ServiceUnavailable):
     """Nothing says where a server is: no variable, no resource field, no GitLab config folder."""
 
 
+class UnusableSetting(ServiceUnavailable):
+    """A variable or one of GitLab's config files says where a server is and cannot be used: the setting, not the
+    server, is to fix (the message names the variable, or the file and key)."""
+
+
 # PostgreSQL's "password authentication failed" (also "SCRAM authentication failed"), libpq's "no password
 # supplied", Redis' WRONGPASS ("invalid username-password pair") and NOAUTH ("Authentication required").
 _AUTHENTICATION = re.compile(
@@ -264,7 +269,10 @@ class GitLabDatabase(ConfigurableResource):
         ci = self.ci_url or os.environ.get(CI_DATABASE_ENV)
         config_dir = self.config_dir or config_dir_from(os.environ)
         if config_dir and not (main and ci):
-            from_files = database_urls(config_dir)
+            try:
+                from_files = database_urls(config_dir)
+            except ValueError as e:  # ConfigFileError: one line naming the file and key, as a bad variable is
+                raise UnusableSetting(str(e)) from None
             main, ci = main or from_files[0], ci or from_files[1]
         if not main:
             raise NotConfigured(
@@ -681,7 +689,7 @@ class GitLabRedis(ConfigurableResource):
         except StoreNotSet as e:
             raise NotConfigured(str(e)) from None
         except ValueError as e:  # ConfigFileError: one line naming the variable or the file and key
-            raise ServiceUnavailable(str(e)) from None
+            raise UnusableSetting(str(e)) from None
 
     def hold_until_teardown(self, lease) -> None:
         """A lease the run took (an ``ExclusiveLease`` of its uuid): given back when the run's resources close

@@ -271,6 +271,20 @@ def test_a_named_error_is_one_line_and_what_to_do_and_the_traceback_only_with_de
     assert all("s3cr3t-pw" not in done.stdout + done.stderr for done in (plain, debug, bad_url))
 
 
+def test_a_gitlab_config_folder_without_database_yml_is_one_line_naming_the_file_before_anything_runs(
+        servers_dir, stack, tmp_path):
+    done = cli("run", "drop_canceling_builds", "--dry-run", data_dir=servers_dir / "errors",
+               CI_CLEANUP_GITLAB_CONFIG_DIR=str(tmp_path), CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"ci-cleanup run: {tmp_path}/database.yml: does not exist",
+        "  Fix the file or setting named above, or set the server's URL variable instead "
+        "(ci-cleanup --debug … shows the traceback)",
+    ]
+    assert done.stdout == (f"Using GitLab's config files in {tmp_path} (CI_CLEANUP_GITLAB_CONFIG_DIR)\n"
+                           "drop_canceling_builds acts on:\n")
+
+
 def test_a_failed_run_prints_its_error_in_one_line(servers_dir, stack, scratch_database):
     gitlab_database(scratch_database, "ALTER TABLE ci_runner_machines DROP COLUMN contacted_at").dispose()
 

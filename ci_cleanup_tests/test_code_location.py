@@ -151,6 +151,12 @@ def test_a_launch_with_a_raw_at_sign_in_the_password_fails_in_one_line_naming_th
                               CI_CLEANUP_REDIS_URL=stack.redis_url)
 
 
+def test_a_launch_on_a_gitlab_config_folder_without_database_yml_fails_in_one_line_naming_the_file(stack, tmp_path):
+    """A host where GitLab's files are not where CI_CLEANUP_GITLAB_CONFIG_DIR says (a source install, a typo)."""
+    _launch_fails_in_one_line(LAUNCHES[0], f"ci_cleanup.resources.UnusableSetting: {tmp_path}/database.yml: does not "
+                              "exist", CI_CLEANUP_GITLAB_CONFIG_DIR=str(tmp_path), CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+
 def _demo(data_dir, *args: str, **env) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [BIN / "ci-cleanup", "--data-dir", str(data_dir), "demo", *args],
