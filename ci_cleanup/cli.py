@@ -33,7 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import cron_handover
 from .batches import BATCHES
 from .definitions import defs
-from .devstack import DEFAULT_DIR, GITLAB_CI_DB, EmbeddedStack, create_database, lay_out_decomposed
+from .devstack import DEFAULT_DIR, GITLAB_CI_DB, GITLAB_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.redis_stores import config_dir_from, resolve
 from .gitlab.schema import CI_DATABASE as CI_DATABASE_NAME
 from .gitlab.schema import (
@@ -304,6 +304,9 @@ def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
     finally:
         engine.dispose()
     print("Seeded the demo GitLab dataset" + (" (the rows of the earlier seed replaced)" if replaced else ""))
+    if embedded and engine.url.database != GITLAB_DB:
+        print(f"  ci-cleanup dev (make dev) uses {GITLAB_DB}, not {engine.url.database}: to run the jobs on "
+              f"{engine.url.database}, set {DATABASE} to the URL above")
 
 
 def empty_gitlab_tables(engine: Engine, ci_engine: Engine | None, client) -> bool:
@@ -682,7 +685,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="print what the job would change, change nothing")
     into_help = f"the database {DATABASE} names, which must hold no GitLab data (required when that is set)"
     seed = sub.add_parser("seed", help="insert the demo GitLab dataset")
-    seed.add_argument("--into", metavar="DATABASE", help=into_help)
+    seed.add_argument("--into", metavar="DATABASE",
+                      help=f"the database {DATABASE} names (required when that is set), refused if it holds GitLab "
+                           "data a seed did not write; on the embedded stack any database, made if missing "
+                           "(default gitlab, the one make dev uses)")
     seed.add_argument(
         "--scale", type=float, help="instead, GitLab.com's mix times SCALE (1.0: 10 M builds and artifacts)",
     )

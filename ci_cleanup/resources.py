@@ -71,10 +71,12 @@ class UnusableSetting(ServiceUnavailable):
     server, is to fix (the message names the variable, or the file and key)."""
 
 
-# PostgreSQL's "password authentication failed" (also "SCRAM authentication failed"), libpq's "no password
-# supplied", Redis' WRONGPASS ("invalid username-password pair") and NOAUTH ("Authentication required").
+# PostgreSQL's "password authentication failed" (also "SCRAM authentication failed") and 'role "x" does not
+# exist' (where no password is asked), libpq's "no password supplied", Redis' WRONGPASS ("invalid
+# username-password pair") and NOAUTH ("Authentication required").
 _AUTHENTICATION = re.compile(
-    r"authentication failed|no password supplied|invalid username-password|authentication required", re.I
+    r'authentication failed|role "[^"]*" does not exist|no password supplied|invalid username-password'
+    r"|authentication required", re.I
 )
 
 

@@ -519,6 +519,11 @@ def test_a_wrong_password_is_reported_as_failed_authentication_not_as_a_server_d
         "ci-cleanup run: Authentication failed for Redis (CI_CLEANUP_REDIS_URL) at unix://"), redis_.stderr
     assert "invalid username-password pair" in redis_.stderr
     assert "wrong" not in database.stderr + redis_.stderr + database.stdout + redis_.stdout
+    no_role = cli_here("run", "stuck_export_jobs", data_dir=servers_dir / "auth", CI_CLEANUP_REDIS_URL=stack.redis_url,
+                       CI_CLEANUP_DATABASE_URL=make_url(stack.url()).set(username="no_such_role").render_as_string())
+    assert no_role.returncode == 1 and no_role.stderr.splitlines()[1:] == [hint]
+    assert no_role.stderr.splitlines()[0].startswith("ci-cleanup run: Authentication failed for the GitLab database")
+    assert no_role.stderr.splitlines()[0].endswith('role "no_such_role" does not exist'), no_role.stderr
 
     # The same through the resources, as a scheduled run starts them.
     for url, redis_url, what in ((wrong_pg, stack.redis_url, "the GitLab database (PostgreSQL)"),
@@ -537,7 +542,10 @@ def test_seed_into_a_database_of_the_embedded_stack_seeds_that_one_and_again_rep
 
     assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
     assert "into postgresql+psycopg2://postgres@/gitlab_dev?host=" in first.stdout
-    assert again.stdout.splitlines()[-1] == "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)"
+    assert again.stdout.splitlines()[-2:] == [
+        "Seeded the demo GitLab dataset (the rows of the earlier seed replaced)",
+        "  ci-cleanup dev (make dev) uses gitlab, not gitlab_dev: to run the jobs on gitlab_dev, set "
+        "CI_CLEANUP_DATABASE_URL to the URL above"]
     with EmbeddedStack(data_dir) as stack:
         assert count(stack.url("gitlab_dev"), "p_ci_builds") == 220
         assert count(stack.url(), "p_ci_builds") == 0  # dev's own database, which --into did not name
