@@ -338,6 +338,10 @@ def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
     if embedded:  # as GitLab's package runs its PostgreSQL; a server of the user's own is never reconfigured
         embedded.configure(omnibus_postgres())
         hold_heap(embedded)
+        if args.release:  # the stack's gitlab database has 0016ea05's schema: a release gets a database of its own
+            name = "gitlab_" + args.release.replace(".", "_")
+            embedded.create_database(name)
+            env = {**env, DATABASE: embedded.url(name)}
     else:
         external_target(args, env)[0].dispose()
     bench(env, args)

@@ -146,3 +146,16 @@ def test_the_newest_release_is_seeded_in_its_partitions_with_0016ea05s_indexes_w
     seed.borrow_indexes(engine, "18.x", log=skipped.append)  # a release that ships its indexes borrows none
     assert len(skipped) == logged
     engine.dispose()
+
+
+def test_a_release_bench_stops_on_a_database_that_holds_another_releases_tables(scratch_database):
+    """create_schema leaves tables already there: the bench would measure 0016ea05's and call it 18.y's."""
+    from ci_cleanup.bench import run
+
+    engine = gitlab_database(scratch_database)  # 0016ea05's
+    create_schema(engine, release="18.y")
+    with pytest.raises(SystemExit, match=r"--release 18.y: the database holds another GitLab schema \(like 17.x, "
+                                         r"18.x\): bench into a database of its own"):
+        run.require_release(engine, "18.y")
+    run.require_release(engine, "18.x")
+    engine.dispose()

@@ -30,7 +30,8 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab.schema import RELEASES, create_schema, gitlab_schema, truncate_all
+from ..gitlab.release import KNOWN, RELEASE_TABLES, Release, read_catalog
+from ..gitlab.schema import RELEASES, create_schema, detect_tables, gitlab_schema, truncate_all
 from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
@@ -526,6 +527,7 @@ def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
     engine = create_engine(env["CI_CLEANUP_DATABASE_URL"])
     create_schema(engine, release=args.release)
     if args.release:
+        require_release(engine, args.release)
         seed.borrow_indexes(engine, args.release)
     load = {"before": os.getloadavg()}
     print(f"Tables at {args.big_rows:,} rows")
@@ -551,6 +553,16 @@ is from the run the heading names): {machine()}; PostgreSQL:
         else:
             path.write_text(with_launched_section(path.read_text(), section))
         print(f"\nWritten to {args.output}")
+
+
+def require_release(engine: Engine, release: str) -> None:
+    """Stop unless the database's GitLab tables are ``release``'s (create_schema leaves tables already there)."""
+    with engine.connect() as conn:
+        found = Release.of(read_catalog(conn, detect_tables(conn), RELEASE_TABLES))
+    if found != KNOWN[release]:
+        raise SystemExit(f"--release {release}: the database holds another GitLab schema (like "
+                         f"{', '.join(found.metadata()['gitlab_release_like']) or 'none vendored'}): bench into a "
+                         "database of its own")
 
 
 RELEASES_HEADING = "## The same jobs on other GitLab releases' schemas"
