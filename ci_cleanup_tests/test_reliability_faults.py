@@ -794,6 +794,7 @@ ALLOWED_SQL_FORMATTING = {
     # DROP INDEX / ALTER INDEX … ATTACH PARTITION: index names as PostgreSQL's catalog writes them (regclass text)
     ("bench/seed.py", "index.name"),
     ("bench/seed.py", "index.attached_to"),
+    ("bench/seed.py", "owner"),  # a runner machine's owner column: the constant sharding_key_id or organization_id
     ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
     ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
     ("gitlab/schema.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
