@@ -30,8 +30,8 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab.release import KNOWN, RELEASE_TABLES, Release, read_catalog
-from ..gitlab.schema import RELEASES, create_schema, detect_tables, gitlab_schema, truncate_all
+from ..gitlab.release import KNOWN
+from ..gitlab.schema import RELEASES, create_schema, gitlab_schema, truncate_all
 from . import launched, seed
 from .jobs import BY_NAME, JOBS, BenchJob
 
@@ -558,7 +558,7 @@ is from the run the heading names): {machine()}; PostgreSQL:
 def require_release(engine: Engine, release: str) -> None:
     """Stop unless the database's GitLab tables are ``release``'s (create_schema leaves tables already there)."""
     with engine.connect() as conn:
-        found = Release.of(read_catalog(conn, detect_tables(conn), RELEASE_TABLES))
+        found = seed.detected_release(conn)
     if found != KNOWN[release]:
         raise SystemExit(f"--release {release}: the database holds another GitLab schema (like "
                          f"{', '.join(found.metadata()['gitlab_release_like']) or 'none vendored'}): bench into a "

@@ -30,7 +30,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import ProgrammingError
 
-from ..gitlab.schema import create_schema, ddl, naive_utc, utc_now
+from ..gitlab.release import RELEASE_TABLES, Release, read_catalog
+from ..gitlab.schema import create_schema, ddl, detect_tables, naive_utc, utc_now
 
 # The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
 PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
@@ -82,7 +83,8 @@ def insert_runner_machines(conn: Connection, n: int, every: int, now: dt.datetim
     machines registered this week sit at the table's end, not one in every 20 rows of every page. A group or
     project machine's owner is ``sharding_key_id``, or ``organization_id`` where GitLab dropped that column.
     """
-    owner = "sharding_key_id" if has_column(conn, "ci_runner_machines", "sharding_key_id") else "organization_id"
+    owner = "sharding_key_id" if detected_release(conn).features["runner_machines_sharding_key_id"] else \
+        "organization_id"
     conn.execute(text(f"""
         INSERT INTO ci_runner_machines (runner_id, system_xid, runner_type, {owner}, created_at, updated_at,
                                         contacted_at)
@@ -173,9 +175,9 @@ def partitions(conn: Connection, parent: str) -> int:
     """), {"parent": parent})
 
 
-def has_column(conn: Connection, table: str, column: str) -> bool:
-    return conn.scalar(text("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) "
-                            "AND attname = :column AND NOT attisdropped)"), {"table": table, "column": column})
+def detected_release(conn: Connection) -> Release:
+    """The GitLab features of this database's tables, read as a run reads them."""
+    return Release.of(read_catalog(conn, detect_tables(conn), RELEASE_TABLES))
 
 
 # A vendored release whose DDL ships without GitLab's non-unique indexes (its header says so) is benchmarked with
