@@ -175,12 +175,10 @@ def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_sta
     # Of each queue, the batch's 100 rows, each read twice: found in GitLab's build_id index, then deleted by its id.
     assert (sorted(b.id for b in batch.dropped), batch.changed_concurrently, read) == (
         list(range(2001, 2101)), [], {"ci_pending_builds": 200, "ci_running_builds": 200})
-    # Each queue is read through its build_id index, then by id through its primary key (an index or a bitmap
-    # scan, whichever the planner takes), and never scanned whole.
+    # Neither queue is scanned whole. Which index the planner takes for a queue its statistics call empty varies
+    # between runs (build_id's, or (partition_id, build_id)'s): the rows read above are what must hold.
     nodes = list(plan_nodes(plan["Plan"]))
     assert [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in queues] == []
-    assert {n["Index Name"] for n in nodes if any(queue in n.get("Index Name", "") for queue in queues)} == {
-        index for queue in queues for index in (f"index_{queue}_on_build_id", f"{queue}_pkey")}
     with ci.connect() as conn:
         assert [conn.scalar(text(f"SELECT array_agg(build_id ORDER BY build_id) FROM {queue}")) for queue in queues] \
             == [list(range(1, 2001))] * 2
