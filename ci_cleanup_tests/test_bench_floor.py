@@ -10,14 +10,14 @@ import shutil
 import threading
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from ci_cleanup.bench import launched, seed, statements
 from ci_cleanup.bench.floor import FLOORS, connect
 from ci_cleanup.bench.jobs import BY_NAME
 from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 from ci_cleanup.gitlab import sidekiq_status
-from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.gitlab.schema import create_schema, utc_now
 
 from .harness import gitlab_database
 
@@ -45,7 +45,7 @@ def _state(cur, job, before):
 def _layout(cur, job, before) -> list[tuple]:
     """Where the candidates are: (table, ctid, id) in id order."""
     found = []
-    for table in launched.SCOPED[job]:
+    for table in before:
         cur.execute(f"SELECT tableoid::regclass::text, ctid::text, id FROM {table} WHERE id > %s ORDER BY id",
                     (before[table],))
         found += cur.fetchall()
@@ -82,6 +82,22 @@ def test_floor_leaves_the_tables_as_the_service_and_reset_restores_them(bench_db
     assert after_floor == after_service
     assert after_reset == initial
     assert after_floor != initial
+
+
+def test_a_release_without_a_scoped_table_is_benched_on_the_tables_it_has(scratch_database, redis_client):
+    """18.y has no ci_runner_machines_archived: the snapshot, reset and digest leave it out, not fail on it."""
+    engine = create_engine(scratch_database)
+    create_schema(engine, release="18.y")
+    seed.borrow_indexes(engine, "18.y", log=lambda line: None)
+    for table in seed.INSERTS:
+        seed.insert(engine, table, 500)
+    states, before = _floor_then_service(scratch_database, engine, redis_client, "stale_runner_machines_cleanup")
+    initial, after_floor, after_reset, after_service = states
+    assert list(before) == ["ci_runner_machines"]
+    assert list(initial) == ["ci_runner_machines", *launched.SIDE_TABLES]
+    assert after_floor == after_service and after_reset == initial
+    assert after_floor["ci_runner_machines"][0] == initial["ci_runner_machines"][0] - CANDIDATES
+    engine.dispose()
 
 
 def test_drop_floor_fails_every_candidate_and_empties_their_queues(bench_db, redis_client):

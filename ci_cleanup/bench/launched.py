@@ -59,7 +59,8 @@ BIN = Path(sys.executable).parent
 TEMPLATE = "bench_template"
 # Small tables written by some job (inserted or deleted rows): restored whole, digested without their ids.
 SIDE_TABLES = ("ci_pending_builds", "ci_running_builds", "ci_deleted_objects", "loose_foreign_keys_deleted_records")
-# The tables whose candidate rows (id > the id before the candidates were added) a job may change.
+# The tables whose candidate rows (id > the id before the candidates were added) a job may change, where the
+# release has them (ci_runner_machines_archived came after 18.x's schema).
 SCOPED = {
     "drop_canceling_builds": ("p_ci_builds",),
     "stale_runner_machines_cleanup": ("ci_runner_machines", "ci_runner_machines_archived"),
@@ -316,7 +317,9 @@ _CASES = {"drop_canceling_builds": _drop_cases, "stuck_export_jobs": _export_cas
 def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dict[str, int]:
     """``n`` candidates of the job, with the cases its guards decide; returns the id before them per scoped table."""
     with engine.connect() as conn:
-        before = {table: _max_id(conn, table) for table in SCOPED[job]}
+        present = conn.execute(text("SELECT t FROM unnest(:tables) t WHERE to_regclass(t) IS NOT NULL"),
+                               {"tables": list(SCOPED[job])}).scalars().all()
+        before = {table: _max_id(conn, table) for table in present}
     seed.insert(engine, BY_NAME[job].table, n, every=1)
     if job in _CASES:
         with engine.begin() as conn:
@@ -331,7 +334,7 @@ def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dic
 def snapshot(cur, job: str, before: dict[str, int]) -> None:
     """Copy the rows the job may change (and the side tables) into ``bench_template``."""
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(TEMPLATE)))
-    for table in _met(job):
+    for table in _met(before):
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(copy))
         where = sql.SQL("id > {}").format(sql.Literal(before[table])) if table in before else sql.SQL("true")
@@ -351,10 +354,10 @@ def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> 
     candidates the job spares (running exports, builds still queued); an idle run paging through those would be
     doing work, not starting up.
     """
-    scoped = sql.SQL(", ").join(map(sql.Identifier, SCOPED[job]))
+    scoped = sql.SQL(", ").join(map(sql.Identifier, before))
     cur.execute("BEGIN")
     cur.execute("SET LOCAL session_replication_role = replica")
-    for table in SCOPED[job]:
+    for table in before:
         cur.execute(sql.SQL("DELETE FROM {} WHERE id > %s").format(sql.Identifier(table)), (before[table],))
     cur.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, SIDE_TABLES))))
     cur.execute("COMMIT")
@@ -364,17 +367,18 @@ def reset(cur, job: str, before: dict[str, int], *, candidates: bool = True) -> 
     cur.execute(sql.SQL("VACUUM {}").format(scoped))
     cur.execute("BEGIN")
     cur.execute("SET LOCAL session_replication_role = replica")
-    for table in _met(job) if candidates else ():
+    for table in _met(before) if candidates else ():
         copy = sql.Identifier(TEMPLATE, table)
         cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(table), copy))
     cur.execute("COMMIT")
-    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, _met(job)))))
+    cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, _met(before)))))
     cur.execute("CHECKPOINT")
 
 
-def _met(job: str) -> tuple[str, ...]:
-    """The tables a run of ``job`` may change: its scoped tables and the side tables."""
-    return (*SCOPED[job], *SIDE_TABLES)
+def _met(before: dict[str, int]) -> tuple[str, ...]:
+    """The tables a run may change: the scoped tables :func:`add_candidates` found (``before``'s) and the side
+    tables."""
+    return (*before, *SIDE_TABLES)
 
 
 @contextlib.contextmanager
@@ -410,7 +414,7 @@ def digest(cur, job: str, before: dict[str, int], recent: dt.datetime) -> dict[s
     sequence's). A timestamp at or after ``recent`` (a value the run set: now, now - 1 day) is "recent".
     """
     found = {}
-    for table in (*SCOPED[job], *SIDE_TABLES):
+    for table in _met(before):
         parts = []
         for name, kind in _columns(cur, table):
             if name == "id" and table not in before:
@@ -572,7 +576,7 @@ def bench_job(bench: Bench, job: str, n: int, rounds: int, contenders: tuple[str
     recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     admin = connect(bench.env["CI_CLEANUP_DATABASE_URL"])
     runs = _Contenders(bench, job, figures, postgres_cpu_clock(admin.cursor()))
-    with contextlib.closing(admin), _no_autovacuum(admin.cursor(), _met(job)):
+    with contextlib.closing(admin), _no_autovacuum(admin.cursor(), _met(before)):
         cur = admin.cursor()
         runs.digest = lambda: digest(cur, job, before, recent)
         snapshot(cur, job, before)

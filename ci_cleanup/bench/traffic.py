@@ -336,7 +336,7 @@ def bench_job(scenario: Scenario, job: str, candidates: int, rounds: int, log=pr
     before = launched.add_candidates(scenario.engine, scenario.client, job, candidates)
     hot = hot_rows(cur, job, before)
     expected, figures.load = None, [os.getloadavg()[0]]
-    with launched._no_autovacuum(cur, launched._met(job)):
+    with launched._no_autovacuum(cur, launched._met(before)):
         launched.snapshot(cur, job, before)
         for r in range(rounds):
             for contender in launched.round_order(CONTENDERS, r):
