@@ -34,6 +34,7 @@ from dagster import (
 )
 
 from .gitlab.exclusive_lease import ExclusiveLease
+from .gitlab.loop_helpers import Brake
 from .resources import GitLabRedis, RunOptions
 from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
 
@@ -48,11 +49,13 @@ class RunMode(enum.Enum):
 
 @dataclass(frozen=True)
 class Start:
-    """The first op's decision: the run's mode, why it skips, and what to show about it."""
+    """The first op's decision: the run's mode, why it skips, what to show about it, and the run's brake (the process
+    op's loop pauses by it, the report op reports its pauses)."""
 
     mode: RunMode
     why_skipped: str = ""
     details: Mapping[str, object] = field(default_factory=dict)
+    brake: Brake = field(default_factory=Brake)
 
     @property
     def status(self) -> str:
@@ -140,17 +143,18 @@ def start(
 ) -> Start:
     """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
     freeze_startup_objects()
+    brake = run_options.brake()  # a bad CI_CLEANUP_DUTY_CYCLE fails every run, a dry run too
     store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
         context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
         context.log.info("Dry run: finding what would change, writing nothing")
         return Start(RunMode.DRY_RUN, details=store)
     if lease is None:
-        return Start(RunMode.RUN)
+        return Start(RunMode.RUN, brake=brake)
     held = lease.of_run(context, gitlab_redis.leases)
     if lease.obtain(held):
         gitlab_redis.hold_until_teardown(held)  # given back then if a step fails: no failure hook, no HOOK_SKIPPED
-        return Start(RunMode.RUN, details=store)
+        return Start(RunMode.RUN, details=store, brake=brake)
     return _skip_for_held_lease(context, held, store)
 
 
@@ -185,7 +189,8 @@ def finish(
         counts = ", ".join(f"{k} {v}" for k, v in dry.items() if isinstance(v, int) and not isinstance(v, bool))
         context.log.info(f"Dry run, nothing changed: {counts or 'nothing would change'}")
     # What would change leads a dry run's metadata, ahead of the totals of what it did (nothing).
-    report_run(context, {**dry, "status": status, **{k: v for k, v in metadata.items() if k not in dry}}, tags)
+    totals = {**{k: v for k, v in metadata.items() if k not in dry}, **begun.brake.metadata}
+    report_run(context, {**dry, "status": status, **totals}, tags)
 
 
 def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDefinition) -> Callable[[], None]:

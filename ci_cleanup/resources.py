@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from .gitlab.config_files import database_urls
+from .gitlab.loop_helpers import Brake
 from .gitlab.redis_stores import (  # noqa: F401  (redact_redis_url, UNSHOWN_URL: this module's API before them)
     DEFAULT,
     UNSHOWN_URL,
@@ -738,6 +739,9 @@ class GitLabRedis(ConfigurableResource):
         return {f"redis_{use}": f"{config.store}: {config.label} at {config.shown()}"}
 
 
+DUTY_CYCLE_ENV = "CI_CLEANUP_DUTY_CYCLE"
+
+
 class RunOptions(ConfigurableResource):
     """Settings that apply to the whole run, set once in the Launchpad or a run config file."""
 
@@ -745,6 +749,22 @@ class RunOptions(ConfigurableResource):
         default=False,
         description="Find and report exactly what would change, and write nothing: no rows, leases or buckets",
     )
+    duty_cycle: float | None = Field(
+        default=None, gt=0, le=1,
+        description="The brake: the share of the run's time spent in batches. After each batch the run pauses for "
+                    "the batch's time × (1 − duty_cycle) / duty_cycle, leaving the database to GitLab's own "
+                    f"traffic. Unset: env {DUTY_CYCLE_ENV}, else 1 (no pause). docs/configuration.md, \"The brake\"",
+    )
+
+    def brake(self) -> Brake:
+        """A new brake for one run: ``duty_cycle``, else the environment's (the schedules' runs), else none."""
+        if self.duty_cycle is not None:
+            return Brake(self.duty_cycle)
+        raw = os.environ.get(DUTY_CYCLE_ENV, "").strip()
+        try:
+            return Brake(float(raw) if raw else 1.0)
+        except ValueError:
+            raise ValueError(f"{DUTY_CYCLE_ENV} must be a number above 0 and at most 1, not {raw!r}") from None
 
 
 def job_resources(

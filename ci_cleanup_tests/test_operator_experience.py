@@ -11,6 +11,7 @@ from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema
 from ci_cleanup.prune_dagster_history.job import prune_dagster_history
+from ci_cleanup.resources import DUTY_CYCLE_ENV
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
     delete_expired_artifact_files,
@@ -19,7 +20,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 
-from .runner import run_job
+from .runner import run_job, step_failure_message
 
 JOBS = [
     drop_canceling_builds, stale_runner_machines_cleanup, stuck_export_jobs, environments_auto_stop,
@@ -69,6 +70,41 @@ def test_a_run_carries_its_rows_changed_as_a_tag(stack, engine, redis_client, jo
     assert len(reported) == 1 and reported[0] > 0
     assert instance.get_run_by_id(result.run_id).tags[ROWS_CHANGED_TAG] == str(reported[0])
     assert DRY_RUN_TAG not in instance.get_run_by_id(result.run_id).tags
+
+
+def _report(result) -> dict:
+    """The run's totals: the metadata of the one output that carries its rows changed."""
+    (report,) = [{k: v.value for k, v in e.step_output_data.metadata.items()} for e in result.all_events
+                 if e.event_type_value == "STEP_OUTPUT" and ROWS_CHANGED in e.step_output_data.metadata]
+    return report
+
+
+@pytest.mark.parametrize("job", JOBS[:5], ids=lambda j: j.name)
+def test_a_braked_run_pauses_between_batches_and_still_does_all_the_work(stack, engine, redis_client, job):
+    seed(engine, redis_client)
+    braked = {"resources": {"run_options": {"config": {"duty_cycle": 0.5}}}}
+
+    first = _report(run_job(job, stack, run_config=braked))
+    after = _report(run_job(job, stack))
+
+    assert first[ROWS_CHANGED] > 0 and first["duty_cycle"] == 0.5 and first["paused_seconds"] > 0
+    assert after[ROWS_CHANGED] == 0  # nothing left: the brake slowed the run, it did not stop it short
+    assert "duty_cycle" not in after and "paused_seconds" not in after
+
+
+def test_the_brake_of_every_run_comes_from_the_environment_and_a_bad_one_changes_nothing(
+        stack, engine, redis_client, monkeypatch):
+    seed(engine, redis_client)
+    before = snapshot(engine, redis_client)
+    monkeypatch.setenv(DUTY_CYCLE_ENV, "fast")
+    failed = run_job(drop_canceling_builds, stack, raise_on_error=False)
+    assert not failed.success
+    assert step_failure_message(failed) == "CI_CLEANUP_DUTY_CYCLE must be a number above 0 and at most 1, not 'fast'"
+    assert snapshot(engine, redis_client) == before
+
+    monkeypatch.setenv(DUTY_CYCLE_ENV, "0.25")
+    report = _report(run_job(drop_canceling_builds, stack))
+    assert report[ROWS_CHANGED] > 0 and report["duty_cycle"] == 0.25
 
 
 def test_run_time_limits_follow_the_seeds_lease_ttls_and_one_run_per_job_is_queued():

@@ -99,7 +99,7 @@ def drop_canceling_builds_in_batches(
     with observer:
         result = service.drop_canceling_builds(
             gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
-            service.Limits(plan.cutoff, plan.batch_size), service.Hooks(on_batch, report_error),
+            service.Limits(plan.cutoff, plan.batch_size, plan.start.brake), service.Hooks(on_batch, report_error),
         )
     return DropDone(plan, result)
 

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
-from ..gitlab.loop_helpers import loop_until
+from ..gitlab.loop_helpers import Brake, loop_until
 from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc, utc_now
 from ..gitlab.sql_files import SqlFile
 
@@ -86,6 +86,7 @@ class DropResult:
 class Limits:
     cutoff: dt.datetime  # a build canceling and untouched since before it is outdated
     batch_size: int = BATCH_SIZE
+    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
 
 
 @dataclass(frozen=True)
@@ -192,5 +193,5 @@ def drop_canceling_builds(
             hooks.on_batch(batch)
             return True
 
-        loop_until(next_batch)
+        loop_until(next_batch, brake=limits.brake)
     return result

@@ -114,7 +114,8 @@ def stop_environments_in_batches(
         track_exception(context, error, environment_id=environment_id)
 
     schema = gitlab_db.schema
-    limits = service.Limits(plan.batch_size, plan.max_loops, dt.timedelta(minutes=plan.max_runtime_minutes))
+    limits = service.Limits(plan.batch_size, plan.max_loops, dt.timedelta(minutes=plan.max_runtime_minutes),
+                            plan.start.brake)
     flags = service.Flags(dry_run=dry_run, play_stop_actions=plan.missing_index is None)
     with observer:
         result = service.auto_stop_environments(

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
-from ..gitlab.loop_helpers import LoopEnd, loop_until
+from ..gitlab.loop_helpers import Brake, LoopEnd, loop_until
 from ..gitlab.schema import AUTO_STOP_ALWAYS, GitLabSchema, naive_utc, utc_now
 from ..gitlab.sql_files import SqlFile
 
@@ -65,6 +65,7 @@ class Limits:
     batch_size: int = BATCH_SIZE
     max_loops: int = LOOP_LIMIT
     max_runtime: dt.timedelta = LOOP_TIMEOUT
+    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,6 @@ def auto_stop_environments(
             return True
 
         end = loop_until(stop_in_batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_loops,
-                         clock=hooks.clock)
+                         brake=limits.brake, clock=hooks.clock)
     result.limit_reached = {LoopEnd.TIMEOUT: "time", LoopEnd.LIMIT: "loops"}.get(end)
     return result

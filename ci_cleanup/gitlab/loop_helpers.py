@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class LoopEnd(enum.Enum):
@@ -20,14 +21,18 @@ class LoopEnd(enum.Enum):
         return self is not LoopEnd.DONE
 
 
-@dataclass(frozen=True)
+@dataclass
 class Brake:
     """A pause after each batch in proportion to the batch's own time, so that a job works ``duty_cycle`` of the
     time and leaves the rest to GitLab's own traffic. GitLab's crons have none; its batched background migrations
     pace themselves to the database the same way (their batch optimizer aims at a time per batch). A slower
-    database makes longer batches, hence longer pauses. ``duty_cycle=1``: no pause."""
+    database makes longer batches, hence longer pauses. ``duty_cycle=1``: no pause.
+
+    One brake serves a whole run (the bulk delete's bucket workers share it): it adds up the pauses it made."""
 
     duty_cycle: float = 1.0
+    paused_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.duty_cycle <= 1:
@@ -36,9 +41,25 @@ class Brake:
     def pause_after(self, batch_seconds: float) -> float:
         return batch_seconds * (1 - self.duty_cycle) / self.duty_cycle
 
+    def hold(self, batch_seconds: float, sleep: Callable[[float], None] = time.sleep) -> float:
+        """Pause after a batch of ``batch_seconds``; returns the pause."""
+        pause = self.pause_after(batch_seconds)
+        if pause > 0:
+            sleep(pause)
+            with self._lock:
+                self.paused_seconds += pause
+        return pause
+
+    @property
+    def metadata(self) -> dict[str, float]:
+        """What a braked run reports; nothing for a run without a brake."""
+        if self.duty_cycle == 1:
+            return {}
+        return {"duty_cycle": self.duty_cycle, "paused_seconds": round(self.paused_seconds, 3)}
+
 
 def loop_until(
-    body: Callable[[], bool], *, timeout: float | None = None, limit: int = 1_000_000, brake: Brake = Brake(),
+    body: Callable[[], bool], *, timeout: float | None = None, limit: int = 1_000_000, brake: Brake | None = None,
     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
 ) -> LoopEnd:
     """Call ``body`` until it returns False (done), at most ``limit`` times or until ``timeout`` seconds have passed,
@@ -53,8 +74,6 @@ def loop_until(
         now = clock()  # once a call, as GitLab's: the batch's end is the next one's start, but for the pause
         if timeout is not None and now - started > timeout:
             return LoopEnd.TIMEOUT
-        pause = brake.pause_after(now - began)
-        if pause > 0:
-            sleep(pause)
-        began = now + max(pause, 0)
+        pause = brake.hold(now - began, sleep) if brake is not None else 0
+        began = now + pause
     return LoopEnd.LIMIT

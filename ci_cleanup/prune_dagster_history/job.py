@@ -150,7 +150,7 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLa
         result = service.prune_history(
             instance, now=plan.now, keep_days=plan.keep_days, keep_failed_days=plan.keep_failed_days,
             batch_size=plan.batch_size, max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), clock=utc_now,
-            on_batch=on_batch,
+            on_batch=on_batch, brake=plan.start.brake,
         )
     if result.resumed_run_ids:
         resumed = len(result.resumed_run_ids)

@@ -26,7 +26,7 @@ from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEven
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from sqlalchemy import func, select
 
-from ..gitlab.loop_helpers import LoopEnd, loop_until
+from ..gitlab.loop_helpers import Brake, LoopEnd, loop_until
 from ..runs import ROWS_CHANGED_TAG  # every job's headline number, summed per day
 
 KEEP_DAYS = 30
@@ -277,6 +277,7 @@ def prune_history(
     max_runtime: dt.timedelta,
     clock: Callable[[], dt.datetime],
     on_batch: Callable[[list[str], int], None] = lambda run_ids, events: None,
+    brake: Brake | None = None,
 ) -> PruneResult:
     """Finish an interrupted batch, write the daily totals, then delete old runs batch by batch, oldest first.
 
@@ -288,7 +289,7 @@ def prune_history(
     cutoffs = Cutoffs.at(now, keep_days, keep_failed_days)
     result = PruneResult(resumed_run_ids=resume_interrupted_batch(instance))
     steps = _steps(instance, cutoffs, batch_size, result, on_batch)
-    end = loop_until(lambda: next(steps, False), timeout=max_runtime.total_seconds(),
+    end = loop_until(lambda: next(steps, False), timeout=max_runtime.total_seconds(), brake=brake,
                      clock=lambda: clock().timestamp())
     result.time_limit_reached = end is LoopEnd.TIMEOUT
     return result

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Connection, Engine
 
-from ..gitlab.loop_helpers import loop_until
+from ..gitlab.loop_helpers import Brake, loop_until
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
 from ..gitlab.sql_files import SqlFile
 
@@ -204,6 +204,7 @@ def delete_expired_artifact_files(
     *,
     batch_size: int = BATCH_SIZE,
     max_batches: int = MAX_BATCHES,
+    brake: Brake | None = None,
     on_batch: Callable[[FilesBatch], None] = lambda batch: None,
     report_error: Callable[[int, BaseException], None] = lambda row_id, error: None,
     now: Callable[[], dt.datetime] = utc_now,
@@ -225,5 +226,5 @@ def delete_expired_artifact_files(
         return True
 
     with engine.connect() as conn:
-        loop_until(batch, limit=max_batches)
+        loop_until(batch, limit=max_batches, brake=brake)
     return result

@@ -90,7 +90,8 @@ def schedule_buckets(
         with gitlab_db.engine_for(schema.ci_job_artifacts).connect() as conn:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds))
+    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds),
+                            begun.brake)
     if not flags.enabled:
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
@@ -337,7 +338,7 @@ def remove_expired_artifact_files(
     with BatchObserver(context, DELETED_OBJECTS, keys=list(WOULD)) as observer:
         return FilesRemoved(plan, files.delete_expired_artifact_files(
             gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema,
-            root, batch_size=plan.batch_size, max_batches=plan.max_batches,
+            root, batch_size=plan.batch_size, max_batches=plan.max_batches, brake=plan.start.brake,
             on_batch=lambda batch: observer.add(_files_counts(batch)), report_error=report_error,
         ))
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab import artifact_buckets
 from ..gitlab.batching import autocommit
-from ..gitlab.loop_helpers import loop_until
+from ..gitlab.loop_helpers import Brake, loop_until
 from ..gitlab.schema import GitLabSchema, utc_now
 from ..gitlab.sql_files import SqlFile
 
@@ -116,6 +116,7 @@ class Limits:
     batch_size: int = BATCH_SIZE
     max_batches: int = MAX_BATCHES
     max_runtime: dt.timedelta = MAX_RUNTIME
+    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): each worker pauses after its batches
 
 
 @dataclass(frozen=True)
@@ -204,5 +205,5 @@ def _delete_batches(
         result.artifacts_empty = deleted.count < limits.batch_size
         return not result.artifacts_empty
 
-    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches)
+    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=limits.brake)
     return flags

@@ -65,10 +65,11 @@ def find_stale_runner_machines(
     """Check the schema; a dry run counts the stale runner machines a run would delete."""
     schema = gitlab_db.schema
     now = utc_now()
-    limits = service.Limits(dt.timedelta(days=config.stale_after_days), config.sub_batch_size, config.max_deletions)
-    deadline = service.stale_deadline(now, limits.stale_after)
     gitlab_tables = gitlab_db.require(USES)
     begun = start(context, run_options)
+    limits = service.Limits(dt.timedelta(days=config.stale_after_days), config.sub_batch_size, config.max_deletions,
+                            begun.brake)
+    deadline = service.stale_deadline(now, limits.stale_after)
     would = {}
     if begun.mode is RunMode.DRY_RUN:
         with gitlab_db.engine_for(schema.ci_runner_machines).connect() as conn:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.batching import autocommit
-from ..gitlab.loop_helpers import loop_until
+from ..gitlab.loop_helpers import Brake, loop_until
 from ..gitlab.schema import GitLabSchema
 from ..gitlab.sql_files import SqlFile
 
@@ -33,6 +33,7 @@ class Limits:
     stale_after: dt.timedelta = STALE_TIMEOUT
     sub_batch_limit: int = SUB_BATCH_LIMIT
     max_deletions: int = MAX_DELETIONS
+    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
 
     def __post_init__(self) -> None:
         if self.sub_batch_limit < 1 or self.max_deletions < 1:
@@ -99,7 +100,7 @@ def delete_stale_runner_managers(
             on_sub_batch(deleted)
             return bool(deleted) and not result.max_deletions_reached
 
-        loop_until(sub_batch)
+        loop_until(sub_batch, brake=limits.brake)
         if result.max_deletions_reached:
             result.left = count_stale(conn, schema, deadline)
     return result

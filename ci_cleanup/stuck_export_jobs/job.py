@@ -100,7 +100,8 @@ def fail_stuck_export_jobs_in_chunks(
     with observer:
         result = service.mark_stuck_jobs_as_failed(
             gitlab_db.engine_for(schema.project_export_jobs), schema, gitlab_redis.sidekiq_status, plan.grace_cutoff,
-            service.Chunks(plan.chunk_size, plan.first_id, plan.walk), dry_run=plan.start.mode is RunMode.DRY_RUN,
+            service.Chunks(plan.chunk_size, plan.first_id, plan.walk, plan.start.brake),
+            dry_run=plan.start.mode is RunMode.DRY_RUN,
             hooks=service.Hooks(on_chunk=on_chunk, report_error=report_error), max_ids=MAX_IDS_REPORTED,
         )
     return FailedExportJobs(plan, result)

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..gitlab import sidekiq_status
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
+from ..gitlab.loop_helpers import Brake, loop_until
 from ..gitlab.schema import EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, utc_now
 from ..gitlab.sql_files import SqlFile
 
@@ -237,6 +238,7 @@ class Chunks:
     size: int = CHUNK_SIZE
     first_id: int | None = None
     walk: bool = False
+    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each chunk
 
 
 @dataclass(frozen=True)
@@ -256,9 +258,14 @@ def mark_stuck_jobs_as_failed(
     once), on one autocommit connection: each statement its own transaction, none open while Redis is asked. In a
     dry run, find the stuck jobs and write nothing."""
     result = StuckResult(max_ids=max_ids)
+    after_id = (chunks.first_id or 1) - 1
     with autocommit(engine) as conn:
-        after_id = (chunks.first_id or 1) - 1
-        while candidates := enqueued_exports(conn, schema, after_id, chunks.size, walk=chunks.walk):
+
+        def next_chunk() -> bool:
+            nonlocal after_id
+            candidates = enqueued_exports(conn, schema, after_id, chunks.size, walk=chunks.walk)
+            if not candidates:
+                return False
             chunk, completed = ask_sidekiq(queues, candidates)
             after_id = chunk.last_id
             if dry_run:
@@ -268,4 +275,7 @@ def mark_stuck_jobs_as_failed(
                 outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, hooks.now(), hooks.report_error)
             result.add(chunk, outcome)
             hooks.on_chunk(chunk, outcome)
+            return True
+
+        loop_until(next_chunk, brake=chunks.brake)
     return result
