@@ -148,7 +148,7 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLa
 
     with pooled(context.instance) as instance:
         result = service.prune_history(
-            instance, now=plan.now, keep_days=plan.keep_days, keep_failed_days=plan.keep_failed_days,
+            instance, cutoffs=service.Cutoffs.at(plan.now, plan.keep_days, plan.keep_failed_days),
             batch_size=plan.batch_size, max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), clock=utc_now,
             on_batch=on_batch, brake=plan.start.brake,
         )

@@ -270,9 +270,7 @@ def delete_batch(instance: DagsterInstance, run_ids: list[str]) -> int:
 def prune_history(
     instance: DagsterInstance,
     *,
-    now: dt.datetime,
-    keep_days: int = KEEP_DAYS,
-    keep_failed_days: int = KEEP_FAILED_DAYS,
+    cutoffs: Cutoffs,
     batch_size: int = BATCH_SIZE,
     max_runtime: dt.timedelta,
     clock: Callable[[], dt.datetime],
@@ -286,7 +284,6 @@ def prune_history(
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    cutoffs = Cutoffs.at(now, keep_days, keep_failed_days)
     result = PruneResult(resumed_run_ids=resume_interrupted_batch(instance))
     steps = _steps(instance, cutoffs, batch_size, result, on_batch)
     end = loop_until(lambda: next(steps, False), timeout=max_runtime.total_seconds(), brake=brake,

@@ -207,13 +207,12 @@ def delete_expired_artifact_files(
     brake: Brake | None = None,
     on_batch: Callable[[FilesBatch], None] = lambda batch: None,
     report_error: Callable[[int, BaseException], None] = lambda row_id, error: None,
-    now: Callable[[], dt.datetime] = utc_now,
 ) -> FilesResult:
     """Drain the due rows, batch after batch, until none is left or ``max_batches`` is reached, on the run's one
     connection. Not an autocommit one: a batch is a transaction of several statements (its rows stay locked while
     their files are removed)."""
     result = FilesResult()
-    started = now()  # one cut-off for the run, so paging by pick_up_at ends
+    started = utc_now()  # one cut-off for the run, so paging by pick_up_at ends
     after: tuple[str, int] | None = FIRST_PAGE
 
     def batch() -> bool:
