@@ -5,12 +5,10 @@ A GitLab cron worker is a few lines of scheduling and locking around its service
 ``Ci::StuckBuilds::DropCancelingService``). Here each job's first op calls :func:`start` (dry run or
 lease, decided once into a :class:`RunMode`), its last op calls :func:`finish` (lease given back, the
 run's totals, and in a dry run what would change: the one place dry-run output goes), and
-:func:`batch_job` gives the job its tags, run-time limit and schedule.
+:func:`batch_job` gives the job its tags, run-time limit, lease (:mod:`ci_cleanup.lease`) and schedule.
 A job module then holds only what is particular to its batch: its config, queries and metadata.
 
-A run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so any step of the
-run, and its resources when they close after a failed step, release exactly the lease the run took. Redis errors
-need no handling here: the clients of :class:`~ci_cleanup.resources.GitLabRedis` name the server in
+Redis errors need no handling here: the clients of :class:`~ci_cleanup.resources.GitLabRedis` name the server in
 every error they raise, for every job alike.
 """
 
@@ -20,12 +18,10 @@ import atexit
 import enum
 import functools
 import gc
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dagster import (
-    HookContext,
     JobDefinition,
     OpDefinition,
     OpExecutionContext,
@@ -33,6 +29,7 @@ from dagster import (
     job,
 )
 
+from . import lease as leases
 from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
 from .resources import GitLabRedis, RunOptions
@@ -49,13 +46,14 @@ class RunMode(enum.Enum):
 
 @dataclass(frozen=True)
 class Start:
-    """The first op's decision: the run's mode, why it skips, what to show about it, and the run's brake (the process
-    op's loop pauses by it, the report op reports its pauses)."""
+    """The first op's decision: the run's mode, why it skips, what to show about it, the run's brake (the process
+    op's loop pauses by it and renews the lease with it, the report op reports its pauses) and the lease it holds."""
 
     mode: RunMode
     why_skipped: str = ""
     details: Mapping[str, object] = field(default_factory=dict)
     brake: Brake = field(default_factory=Brake)
+    lease: leases.RunLease | None = None
 
     @property
     def status(self) -> str:
@@ -76,57 +74,6 @@ def skipped(why: str) -> Start:
     return Start(RunMode.SKIPPED, why)
 
 
-@dataclass
-class Lease:
-    """A job's ``Gitlab::ExclusiveLease``: its key, TTL and ``in_lock``'s retries.
-
-    Not frozen: a test shortens the TTL in the one process whose run it kills, or renews after every batch.
-    """
-
-    key: str
-    ttl_seconds: int
-    retries: int = 0
-    retry_sleep_seconds: float = 1.0  # ExclusiveLeaseHelpers sleeps between tries
-    renew_every_seconds: float | None = None  # unset: a tenth of the TTL
-
-    def of_run(self, context: OpExecutionContext | HookContext, client) -> ExclusiveLease:
-        return ExclusiveLease(client, self.key, self.ttl_seconds, uuid=context.run_id)
-
-    def obtain(self, lease: ExclusiveLease) -> bool:
-        for attempt in range(self.retries + 1):
-            if lease.try_obtain():
-                return True
-            if attempt < self.retries:
-                time.sleep(self.retry_sleep_seconds)
-        return False
-
-    def keeper(self, context: OpExecutionContext, gitlab_redis: GitLabRedis, clock=time.monotonic
-               ) -> Callable[[], None]:
-        """Called after each batch: once a tenth of the TTL has passed since the lease was last taken or renewed,
-        renews it, or stops the run if another process has it now.
-
-        GitLab's workers never renew (``in_lock`` holds the lease for its TTL, longer than the run may last: run
-        monitoring fails a run that outlives it). Renewing still finds a lease deleted or taken by hand, within a
-        tenth of the TTL, and keeps it held whatever a batch costs; a Redis round trip per batch would not.
-        """
-        lease = self.of_run(context, gitlab_redis.leases)
-        where = getattr(lease.client, "server", None) or "Redis"
-        every = self.ttl_seconds / 10 if self.renew_every_seconds is None else self.renew_every_seconds
-        last = clock()
-
-        def renew() -> None:
-            nonlocal last
-            if clock() - last < every:
-                return
-            if not lease.renew():
-                raise RuntimeError(
-                    f"Lost lease {self.key} in {where} mid-run; stopping so that two runs never work at once"
-                )
-            last = clock()
-
-        return renew
-
-
 @functools.cache
 def freeze_startup_objects() -> None:
     """Put what the process holds when its first op starts (Dagster's modules, the run's set-up) out of the garbage
@@ -137,13 +84,11 @@ def freeze_startup_objects() -> None:
     atexit.register(gc.freeze)
 
 
-def start(
-    context: OpExecutionContext, run_options: RunOptions, lease: Lease | None = None,
-    gitlab_redis: GitLabRedis | None = None,
-) -> Start:
-    """Dry run, or take the lease (when the job has one): a held lease skips the run, as in GitLab."""
+def start(context: OpExecutionContext, run_options: RunOptions, gitlab_redis: GitLabRedis | None = None) -> Start:
+    """Dry run, or take the job's lease (when it declares one): a held lease skips the run, as in GitLab."""
     freeze_startup_objects()
     brake = run_options.brake()  # a bad CI_CLEANUP_DUTY_CYCLE fails every run, a dry run too
+    lease = leases.of_job(context.job_name)
     store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
         context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true"})
@@ -151,10 +96,11 @@ def start(
         return Start(RunMode.DRY_RUN, details=store)
     if lease is None:
         return Start(RunMode.RUN, brake=brake)
-    held = lease.of_run(context, gitlab_redis.leases)
+    held = lease.of_run(context.run_id, gitlab_redis.leases)
     if lease.obtain(held):
         gitlab_redis.hold_until_teardown(held)  # given back then if a step fails: no failure hook, no HOOK_SKIPPED
-        return Start(RunMode.RUN, details=store, brake=brake)
+        brake.keep = lease.keeper(held)
+        return Start(RunMode.RUN, details=store, brake=brake, lease=leases.RunLease(held, brake.keep, gitlab_redis))
     return _skip_for_held_lease(context, held, store)
 
 
@@ -174,14 +120,11 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, sto
 def finish(
     context: OpExecutionContext, begun: Start, metadata: Mapping[str, object], *,
     would: Mapping[str, object] | None = None, tags: Mapping[str, str] | None = None,
-    lease: Lease | None = None, gitlab_redis: GitLabRedis | None = None,
 ) -> None:
     """The last op's part: give the lease back, and report the run's totals with its status (``success``,
     ``dry run`` or ``skipped: …``) and, in a dry run, ``would``: what a run would change."""
-    if lease is not None and begun.runs:
-        held = lease.of_run(context, gitlab_redis.leases)
-        held.cancel()
-        gitlab_redis.given_back(held)
+    if begun.lease is not None:
+        begun.lease.give_back()
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
     if begun.mode is RunMode.DRY_RUN:
@@ -208,17 +151,19 @@ def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDef
 
 def batch_job(
     name: str, graph: Callable[[], None], *, description: str, cron: str, max_runtime_seconds: int,
-    seed: str | None = None, lease: Lease | None = None,
+    seed: str | None = None, lease: leases.Lease | None = None,
 ) -> tuple[JobDefinition, ScheduleDefinition]:
     """The job ``name`` wiring its ops as ``graph`` does, and its UTC schedule ``<name>_schedule``.
 
     ``max_runtime_seconds`` becomes ``dagster/max_runtime``: run monitoring fails a longer run, which alerts
     (GitLab's run-time alerts). ``seed`` is the ``ci_cleanup/seed`` tag the alerts group by. The job runs on the
-    code location's executor: every op in the run's own process.
+    code location's executor: every op in the run's own process. ``lease``: the ``ExclusiveLease`` its runs take.
     """
     tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
     if seed is not None:
         tags["ci_cleanup/seed"] = seed
     batch = job(name=name, description=description, tags=tags)(graph)
+    if lease is not None:
+        leases.declare(name, lease)
     schedule = ScheduleDefinition(name=f"{name}_schedule", job=batch, cron_schedule=cron, execution_timezone="UTC")
     return batch, schedule

@@ -16,7 +16,7 @@ import redis
 from dagster import JobDefinition, ScheduleDefinition
 from sqlalchemy.engine import Connection
 
-from .batch import Lease
+from . import lease
 from .drop_canceling_builds import demo as drop_demo
 from .drop_canceling_builds import job as drop_job
 from .environments_auto_stop import demo as stop_demo
@@ -40,12 +40,16 @@ class Batch:
     report_op: str  # the last op: the run's totals, and a dry run's would_… (runs.report_run)
     asset: tuple[str, ...]  # what its batches change and are observed on: ("gitlab", <GitLab table>), …
     about: str  # what it does there, for the catalog
-    lease: Lease | None = None
     demo: Seeder | None = None  # its rows in the demo dataset (``ci-cleanup demo``)
 
     @property
     def name(self) -> str:
         return self.job.name
+
+    @property
+    def lease(self) -> lease.Lease | None:
+        """The ``ExclusiveLease`` its runs take, as its job declares it."""
+        return lease.of_job(self.name)
 
     @property
     def table(self) -> str:
@@ -54,13 +58,12 @@ class Batch:
 
 BATCHES = (
     Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
-          drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_job.LEASE, drop_demo.seed),
+          drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_demo.seed),
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
           "report_deleted_runner_machines", stale_job.ASSET,
           "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
     Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_stopped_environments",
-          stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_job.LEASE,
-          stop_demo.seed),
+          stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_demo.seed),
     Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "report_stuck_export_jobs",
           export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
           demo=export_demo.seed),
@@ -72,6 +75,6 @@ BATCHES = (
           "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
     Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_pruned_runs",
-          prune_job.ASSET, "Dagster's runs; prune_dagster_history deletes old ones", prune_job.LEASE),
+          prune_job.ASSET, "Dagster's runs; prune_dagster_history deletes old ones"),
 )
 BY_NAME = {batch.name: batch for batch in BATCHES}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import multiprocessing
@@ -33,6 +34,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from sqlalchemy import bindparam, create_engine, text
 from sqlalchemy.engine import Connection, Engine
 
+from ci_cleanup import lease as job_leases
 from ci_cleanup.batches import BY_NAME, Batch
 from ci_cleanup.gitlab import artifact_buckets, sidekiq_status
 from ci_cleanup.gitlab.config_files import ENV_CONFIG_DIR
@@ -232,7 +234,7 @@ class Scenario:
     def shorten_lease(self, ttl_seconds: int | None) -> None:
         """In a forked run's process only: the lease a killed run leaves expires in ``ttl_seconds``."""
         if ttl_seconds is not None:
-            self.batch.lease.ttl_seconds = ttl_seconds
+            job_leases.declare(self.batch.name, dataclasses.replace(self.batch.lease, ttl_seconds=ttl_seconds))
 
     def run_config(self, batch: int) -> dict:
         raise NotImplementedError

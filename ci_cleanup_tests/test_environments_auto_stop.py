@@ -7,14 +7,15 @@ import datetime as dt
 import itertools
 import threading
 from contextlib import nullcontext
+from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from ci_cleanup import lease as job_leases
 from ci_cleanup.environments_auto_stop import service
-from ci_cleanup.environments_auto_stop.job import LEASE as JOB_LEASE
 from ci_cleanup.environments_auto_stop.job import (
     LEASE_KEY,
     LEASE_TTL_SECONDS,
@@ -305,7 +306,9 @@ def test_lease_taken_over_mid_run_stops_the_run(stack, engine, redis_client, mon
         return renew(lease)
 
     monkeypatch.setattr(ExclusiveLease, "renew", taken_over)
-    monkeypatch.setattr(JOB_LEASE, "renew_every_seconds", 0)  # a run of seconds renews after every batch
+    # a run of seconds renews after every batch
+    every_batch = replace(job_leases.of_job("environments_auto_stop"), renew_every_seconds=0)
+    monkeypatch.setitem(job_leases.DECLARED, "environments_auto_stop", every_batch)
     result = run_job(environments_auto_stop, stack, run_config={"ops": {CONFIG: {"config": {"batch_size": 1}}}},
                      raise_on_error=False)
 

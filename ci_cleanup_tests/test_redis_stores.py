@@ -468,14 +468,14 @@ def test_ci_cleanup_run_with_the_default_store_as_a_sentinel_set(stack, engine, 
 def test_a_lease_is_renewed_once_a_tenth_of_its_ttl_has_passed_and_a_taken_lease_stops_the_run(redis_client):
     """A run renews its lease every tenth of the TTL, not every batch (a Redis round trip each); a lease deleted or
     taken by hand is found on the next renewal, and left to its holder."""
-    from types import SimpleNamespace
 
-    from ci_cleanup.batch import Lease
+    from ci_cleanup.lease import Lease
 
-    lease, run, now = Lease("ci/renewal_test", ttl_seconds=100), SimpleNamespace(run_id="run-1"), [0.0]
+    lease, now = Lease("ci/renewal_test", ttl_seconds=100), [0.0]
     key = PREFIX + lease.key
-    assert lease.obtain(lease.of_run(run, redis_client))
-    renew = lease.keeper(run, SimpleNamespace(leases=redis_client), clock=lambda: now[0])
+    held = lease.of_run("run-1", redis_client)
+    assert lease.obtain(held)
+    renew = lease.keeper(held, clock=lambda: now[0])
     redis_client.expire(key, 50)  # 50 s have passed, on the server's clock
     now[0] = 9.9
     renew()  # a batch before a tenth of the TTL: Redis is not asked

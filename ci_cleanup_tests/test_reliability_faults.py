@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -25,7 +25,7 @@ from dagster import DagsterInstance
 from sqlalchemy import TIMESTAMP, cast, create_engine, literal, text
 from sqlalchemy.engine import make_url
 
-from ci_cleanup.drop_canceling_builds.job import LEASE as DROP_JOB_LEASE
+from ci_cleanup import lease as job_leases
 from ci_cleanup.drop_canceling_builds.job import LEASE_KEY as DROP_LEASE
 from ci_cleanup.drop_canceling_builds.job import LEASE_TTL_SECONDS as DROP_TTL
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
@@ -329,7 +329,8 @@ def test_redis_stopped_mid_run_fails_naming_redis_keeps_whole_rows_and_the_lease
 ):
     """drop_canceling_builds renewing its lease after each batch: Redis goes away while a batch waits on a lock."""
     engine, client = db
-    monkeypatch.setattr(DROP_JOB_LEASE, "renew_every_seconds", 0)
+    every_batch = replace(job_leases.of_job("drop_canceling_builds"), renew_every_seconds=0)
+    monkeypatch.setitem(job_leases.DECLARED, "drop_canceling_builds", every_batch)
     case = CASES["drop_canceling_builds"]
     ids = [case.make(engine, client) for _ in range(3)]
     before = [row(engine, case.table, i) for i in ids]

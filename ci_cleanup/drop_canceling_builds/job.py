@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import naive_utc, utc_now
+from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -18,7 +19,6 @@ from .uses import USES
 
 LEASE_KEY = "ci/stuck_builds/drop_canceling_worker"
 LEASE_TTL_SECONDS = 30 * 60
-LEASE = Lease(LEASE_KEY, LEASE_TTL_SECONDS)
 ASSET = ("gitlab", "ci_builds")
 
 
@@ -50,7 +50,7 @@ def find_canceling_builds(
     gitlab_tables = gitlab_db.require(USES)
     with gitlab_db.engine_for(schema.ci_builds).connect() as conn:
         candidates = service.count_candidates(conn, schema, cutoff)
-        begun = start(context, run_options, LEASE, gitlab_redis)
+        begun = start(context, run_options, gitlab_redis)
         would = {}
         if begun.mode is RunMode.DRY_RUN:
             would = {"would_drop_count": candidates,
@@ -72,12 +72,11 @@ class DropDone:
 
 @op
 def drop_canceling_builds_in_batches(
-    context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+    context: OpExecutionContext, plan: DropPlan, gitlab_db: GitLabDatabase
 ) -> DropDone:
     """Drop the candidates 100 at a time, each batch one observation with GitLab's log fields."""
     if not plan.start.runs:
         return DropDone(plan, service.DropResult())
-    renew_lease = LEASE.keeper(context, gitlab_redis)
     # The service's per-build log line ("Dropping outdated build"), as the observations' table.
     observer = BatchObserver(
         context, ASSET, ["build_id", "runner_id", "status", "failure_reason"], log_name="dropping_outdated_builds",
@@ -85,7 +84,6 @@ def drop_canceling_builds_in_batches(
     )
 
     def on_batch(batch: service.BatchOutcome) -> None:
-        renew_lease()
         observer.add(
             {"dropped": len(batch.dropped), "doomed": len(batch.doomed),
              "changed_concurrently": len(batch.changed_concurrently)},
@@ -105,7 +103,7 @@ def drop_canceling_builds_in_batches(
 
 
 @op
-def report_dropped_builds(context: OpExecutionContext, done: DropDone, gitlab_redis: GitLabRedis) -> None:
+def report_dropped_builds(context: OpExecutionContext, done: DropDone) -> None:
     """Give the lease back and put the run's totals on the run (a dry run's would_drop_… too)."""
     result = done.result
     finish(
@@ -120,7 +118,7 @@ def report_dropped_builds(context: OpExecutionContext, done: DropDone, gitlab_re
             ROWS_WITH_ERRORS: len(result.errors),
             "errors": [f"build {build_id}: {error}" for build_id, error in result.errors[:MAX_IDS_REPORTED]],
         },
-        would=done.plan.would, lease=LEASE, gitlab_redis=gitlab_redis,
+        would=done.plan.would,
     )
 
 
@@ -129,6 +127,6 @@ drop_canceling_builds, drop_canceling_builds_schedule = batch_job(
     find_process_report(find_canceling_builds, drop_canceling_builds_in_batches, report_dropped_builds),
     description="Fail builds stuck in canceling for over an hour (Ci::StuckBuilds::DropCancelingWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 30-minute alert).
-    seed="000", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,
+    seed="000", lease=Lease(LEASE_KEY, LEASE_TTL_SECONDS), max_runtime_seconds=LEASE_TTL_SECONDS,
     cron="45 * * * *",  # GitLab's StuckCiJobsWorker runs at :00 and starts this worker 45 minutes later
 )

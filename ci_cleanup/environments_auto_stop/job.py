@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import missing_unique_index, utc_now
+from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from . import service
@@ -18,7 +19,6 @@ from .uses import USES
 
 LEASE_KEY = "environments:auto_stop:lock"  # AutoStopService::EXCLUSIVE_LOCK_KEY
 LEASE_TTL_SECONDS = 50 * 60  # AutoStopService::LOCK_TIMEOUT
-LEASE = Lease(LEASE_KEY, LEASE_TTL_SECONDS, retries=1)  # in_lock(..., retries: 1)
 ASSET = ("gitlab", "environments")
 
 
@@ -67,7 +67,7 @@ def find_auto_stoppable_environments(
     if missing_index:
         found["missing_index"] = missing_index
         context.log.error(f"The database lacks GitLab's {missing_index}: stop actions will not be played")
-    begun = start(context, run_options, LEASE, gitlab_redis)
+    begun = start(context, run_options, gitlab_redis)
     context.add_output_metadata({**found, **begun.metadata})
     return AutoStopPlan(
         begun, config.batch_size, config.max_loops, config.max_runtime_minutes, candidates, missing_index
@@ -84,21 +84,19 @@ class StoppedEnvironments:
 
 @op
 def stop_environments_in_batches(
-    context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
+    context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase
 ) -> StoppedEnvironments:
     """Stop the environments batch by batch, each batch observed on the environments table. A dry run decides each
     environment's outcome the same way and changes nothing."""
     if plan.start.mode is RunMode.SKIPPED:
         return StoppedEnvironments(plan, service.AutoStopResult())
     dry_run = plan.start.mode is RunMode.DRY_RUN
-    renew_lease = LEASE.keeper(context, gitlab_redis)
     observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments", keys=() if dry_run
                              else ["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"])
 
     def on_batch(batch: service.BatchOutcome) -> None:
         if dry_run:
             return
-        renew_lease()
         observer.add(
             {
                 "stopped": batch.count(service.STOPPED),
@@ -126,9 +124,7 @@ def stop_environments_in_batches(
 
 
 @op
-def report_stopped_environments(
-    context: OpExecutionContext, stopped: StoppedEnvironments, gitlab_redis: GitLabRedis
-) -> None:
+def report_stopped_environments(context: OpExecutionContext, stopped: StoppedEnvironments) -> None:
     """Give the lease back and put the run's totals on it; fail the run if the database lacks GitLab's index."""
     plan, result = stopped.plan, stopped.result
     ran = plan.start.runs
@@ -164,7 +160,6 @@ def report_stopped_environments(
             "would_start_stop_action_ids": result.stop_action_ids,
             "would_leave_untouched_ids": result.ids.get(service.LEFT_UNTOUCHED, []),
         },
-        lease=LEASE, gitlab_redis=gitlab_redis,
     )
     if plan.missing_index and plan.start.mode is not RunMode.SKIPPED:
         raise Failure(
@@ -181,6 +176,7 @@ environments_auto_stop, environments_auto_stop_schedule = batch_job(
     find_process_report(find_auto_stoppable_environments, stop_environments_in_batches, report_stopped_environments),
     description="Stop environments whose auto-stop time has passed (Environments::AutoStopCronWorker)",
     # A run longer than the lease's TTL is failed by run monitoring (GitLab's 50-minute alert).
-    seed="003", lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,
+    seed="003", max_runtime_seconds=LEASE_TTL_SECONDS,
+    lease=Lease(LEASE_KEY, LEASE_TTL_SECONDS, retries=1),  # in_lock(..., retries: 1)
     cron="24 * * * *",  # Environments::AutoStopCronWorker's cron, away from the other hourly ones
 )

@@ -28,10 +28,12 @@ class Brake:
     pace themselves to the database the same way (their batch optimizer aims at a time per batch). A slower
     database makes longer batches, hence longer pauses. ``duty_cycle=1``: no pause.
 
-    One brake serves a whole run (the bulk delete's bucket workers share it): it adds up the pauses it made."""
+    One brake serves a whole run (the bulk delete's bucket workers share it): it adds up the pauses it made. It also
+    keeps what a run holds between its batches: ``keep`` (the run's lease, renewed) is called after each batch."""
 
     duty_cycle: float = 1.0
     paused_seconds: float = 0.0
+    keep: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -43,6 +45,8 @@ class Brake:
 
     def hold(self, batch_seconds: float, sleep: Callable[[float], None] = time.sleep) -> float:
         """Pause after a batch of ``batch_seconds``; returns the pause."""
+        if self.keep is not None:
+            self.keep()
         pause = self.pause_after(batch_seconds)
         if pause > 0:
             sleep(pause)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from dagster import Config, DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import Lease, RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
 from ..gitlab.schema import utc_now
+from ..lease import Lease
 from ..resources import GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, observe
 from . import service
@@ -23,7 +24,6 @@ from . import service
 # Two prune runs at once would write a day's totals twice: a lease, on the same Redis as the others' leases.
 LEASE_KEY = "ci_cleanup:prune_dagster_history"
 LEASE_TTL_SECONDS = 60 * 60
-LEASE = Lease(LEASE_KEY, LEASE_TTL_SECONDS)
 MAX_RUNTIME_MINUTES = 30
 STATEMENT_TIMEOUT_MS = 60_000  # one statement deletes one run's events; a run of 100 k events fits
 ASSET = ("dagster", "runs")
@@ -111,7 +111,7 @@ def find_old_runs(
     keep_days, keep_failed_days = keep_times(config)
     cutoffs = service.Cutoffs.at(now, keep_days, keep_failed_days)
     old_runs = service.count_old_runs(context.instance, cutoffs)
-    begun = start(context, run_options, LEASE, gitlab_redis)
+    begun = start(context, run_options, gitlab_redis)
     would = {}
     if begun.mode is RunMode.DRY_RUN:
         days = service.days_to_summarise(context.instance, cutoffs)
@@ -136,14 +136,12 @@ class Pruned:
 
 
 @op
-def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLabRedis) -> Pruned:
+def prune_runs(context: OpExecutionContext, plan: PrunePlan) -> Pruned:
     """Write the daily totals, then delete old runs batch by batch, each batch one observation on dagster/runs."""
     if not plan.start.runs:
         return Pruned(plan, service.PruneResult())
-    renew_lease = LEASE.keeper(context, gitlab_redis)
 
     def on_batch(run_ids: list[str], events: int) -> None:
-        renew_lease()
         observe(context, ASSET, {"runs_deleted": len(run_ids), "events_deleted": events})
 
     with pooled(context.instance) as instance:
@@ -159,7 +157,7 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan, gitlab_redis: GitLa
 
 
 @op
-def report_pruned_runs(context: OpExecutionContext, pruned: Pruned, gitlab_redis: GitLabRedis) -> None:
+def report_pruned_runs(context: OpExecutionContext, pruned: Pruned) -> None:
     """The run's totals, and the lease given back (a dry run's: the runs that would go)."""
     plan, result = pruned.plan, pruned.result
     if result.time_limit_reached:
@@ -179,7 +177,7 @@ def report_pruned_runs(context: OpExecutionContext, pruned: Pruned, gitlab_redis
             "keep_days": plan.keep_days,
             "keep_failed_days": plan.keep_failed_days,
         },
-        would=plan.would, lease=LEASE, gitlab_redis=gitlab_redis,
+        would=plan.would,
     )
 
 
@@ -187,7 +185,8 @@ prune_dagster_history, prune_dagster_history_schedule = batch_job(
     "prune_dagster_history", find_process_report(find_old_runs, prune_runs, report_pruned_runs),
     description="Delete the Dagster instance's finished runs and their event logs after 30 days (failed: 90), "
     "keeping each job's daily totals",
-    lease=LEASE, max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease
+    lease=Lease(LEASE_KEY, LEASE_TTL_SECONDS),
+    max_runtime_seconds=LEASE_TTL_SECONDS,  # run monitoring fails a run that outlives its lease
     # Daily at 04:13 UTC: a minute no other schedule uses (:24, :30, :36, :45, */7, */10), at night in Europe.
     cron="13 4 * * *",
 )
