@@ -54,11 +54,11 @@ from .resources import (
     GitLabRedis,
     ServiceUnavailable,
     UnusableSetting,
-    _redis_client,
     close_client,
     database_url,
     job_resources,
     redact_redis_url,
+    redis_client,
     store_client,
     unreachable,
 )
@@ -285,7 +285,7 @@ def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
             print(f"Writing GitLab.com's mix times {args.scale} into {where}", flush=True)
             seed_scale(engine, args.scale)
             return
-        client = _redis_client(env[REDIS], "the embedded Redis" if embedded else f"Redis ({REDIS})")
+        client = redis_client(env[REDIS], "the embedded Redis" if embedded else f"Redis ({REDIS})")
         into = f"{where} (main) and {shown_url(make_url(env[CI_DATABASE]))} (ci)" if env.get(CI_DATABASE) else where
         print(f"Writing the demo dataset (fake GitLab rows, Sidekiq status keys) into {into} and {client.server}",
               flush=True)

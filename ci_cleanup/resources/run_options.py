@@ -1,0 +1,52 @@
+"""What applies to a whole run (dry run, brake), and the resources a run started in process gets."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from ..gitlab.loop_helpers import Brake
+from .gitlab_database import GitLabDatabase
+from .gitlab_redis import GitLabRedis
+
+DUTY_CYCLE_ENV = "CI_CLEANUP_DUTY_CYCLE"
+
+
+class RunOptions(ConfigurableResource):
+    """Settings that apply to the whole run, set once in the Launchpad or a run config file."""
+
+    dry_run: bool = Field(
+        default=False,
+        description="Find and report exactly what would change, and write nothing: no rows, leases or buckets",
+    )
+    duty_cycle: float | None = Field(
+        default=None, gt=0, le=1,
+        description="The brake: the share of the run's time spent in batches. After each batch the run pauses for "
+                    "the batch's time × (1 − duty_cycle) / duty_cycle, leaving the database to GitLab's own "
+                    f"traffic. Unset: env {DUTY_CYCLE_ENV}, else 1 (no pause). docs/configuration.md, \"The brake\"",
+    )
+
+    def brake(self) -> Brake:
+        """A new brake for one run: ``duty_cycle``, else the environment's (the schedules' runs), else none."""
+        if self.duty_cycle is not None:
+            return Brake(self.duty_cycle)
+        raw = os.environ.get(DUTY_CYCLE_ENV, "").strip()
+        try:
+            return Brake(float(raw) if raw else 1.0)
+        except ValueError:
+            raise ValueError(f"{DUTY_CYCLE_ENV} must be a number above 0 and at most 1, not {raw!r}") from None
+
+
+def job_resources(
+    database_url: str | None, redis_url: str | None, *, ci_database_url: str | None = None,
+    queues_url: str | None = None, dry_run: bool = False,
+) -> dict[str, ConfigurableResource]:
+    """The resources every job runs with, for a run started in process (CLI, tests, benchmark); a URL not given
+    is read from its variable or GitLab's config files when the run starts."""
+    return {
+        "gitlab_db": GitLabDatabase(url=database_url, ci_url=ci_database_url),
+        "gitlab_redis": GitLabRedis(url=redis_url, queues_url=queues_url),
+        "run_options": RunOptions(dry_run=dry_run),
+    }
