@@ -29,6 +29,7 @@ import os
 from dagster import (
     DagsterEventType,
     DagsterRunStatus,
+    DefaultRunLauncher,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunsFilter,
@@ -39,7 +40,6 @@ from dagster import (
     run_status_sensor,
     sensor,
 )
-from dagster._core.launcher import DefaultRunLauncher
 
 from .alerts import send_alert
 from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, ROWS_WITH_ERRORS_TAG, SKIPPED_TAG

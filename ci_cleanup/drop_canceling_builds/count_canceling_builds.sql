@@ -1,4 +1,4 @@
 -- How many builds are canceling and untouched for over an hour (the find op's count, a dry run's would_drop_count).
 SELECT count(*)
 FROM p_ci_builds
-WHERE type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff
+WHERE {{ outdated_canceling }}

@@ -8,7 +8,7 @@ WITH dropped AS (
   -- The candidate condition again, re-checked by PostgreSQL on a row changed meanwhile (EvalPlanQual): a build no
   -- longer a candidate is never overwritten.
   WHERE id = ANY(CAST(:ids AS bigint[]))
-    AND type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff
+    AND {{ outdated_canceling }}
   RETURNING id, runner_id
 ),
 -- Every queue row of a dropped build goes, by build_id, whatever partition it claims (as GitLab removes them),

@@ -5,7 +5,7 @@
 WITH picked AS (
   SELECT id, created_at, project_id
   FROM p_ci_builds
-  WHERE type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff
+  WHERE {{ outdated_canceling }}
     -- Builds this run picked and did not drop are not picked again (else a build left would come back each batch).
     AND id <> ALL(CAST(:passed_over AS bigint[]))
   ORDER BY created_at, project_id, id
@@ -19,7 +19,7 @@ dropped AS (
   -- by PostgreSQL when its row is locked (EvalPlanQual). One no longer a candidate is never overwritten; one still
   -- a candidate is dropped in its new version (what GitLab's retry_lock achieves).
   WHERE id = ANY(ARRAY(SELECT id FROM picked))
-    AND type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff
+    AND {{ outdated_canceling }}
   RETURNING id, runner_id
 ),
 -- A build leaving canceling leaves GitLab's queues: every row of its id, whatever partition the row claims

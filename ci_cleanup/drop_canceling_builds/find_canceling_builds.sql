@@ -2,7 +2,7 @@
 -- them: what a dry run reports, and the builds of a failed batch, taken one by one.
 SELECT id
 FROM p_ci_builds
-WHERE type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff
+WHERE {{ outdated_canceling }}
   AND id <> ALL(CAST(:passed_over AS bigint[]))
 ORDER BY created_at, project_id, id
 LIMIT :batch_size

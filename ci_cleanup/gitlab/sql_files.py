@@ -8,6 +8,10 @@ only a comment stay in the file for the reader and are not sent.
 A column only some GitLab releases have is used on lines that end ``-- if <table>.<column>`` (sent only where the
 database has it) or ``-- unless <table>.<column>`` (sent only where it lacks it), e.g. what that release's GitLab
 does instead: one file reads right on every release (``docs/gitlab-releases.md``).
+
+A rule's condition is written once, in a file of its own beside the statements (e.g. ``outdated.sql``), and every
+statement that needs it names it as ``{{ outdated }}``: the condition's text, without its comment lines, stands
+there when the statement is sent (as dbt's ``{{ ref() }}`` reads).
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ class SqlFile:
         """The file as written."""
         return _read(self.package, self.name)
 
+    @property
+    def expanded(self) -> str:
+        """The file with each ``{{ fragment }}`` replaced by that fragment file's text, its comment lines dropped."""
+        return _FRAGMENT.sub(lambda found: _fragment(self.package, found.group(1)), self.source)
+
     def on(self, schema: GitLabSchema, dialect: Dialect) -> TextClause:
         """The statement for this database's tables, ready for ``conn.execute(statement, parameters)``."""
         return _statement(self, schema, dialect)
@@ -49,9 +58,17 @@ def _read(package: str, name: str) -> str:
     return resources.files(package).joinpath(name).read_text()
 
 
+_FRAGMENT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def _fragment(package: str, name: str) -> str:
+    lines = [line for line in _read(package, f"{name}.sql").splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(lines).strip()
+
+
 @functools.lru_cache(maxsize=64)
 def _statement(sql_file: SqlFile, schema: GitLabSchema, dialect: Dialect) -> TextClause:
-    return text(render(sql_file.source, declared_tables(schema), dialect, schema.absent))
+    return text(render(sql_file.expanded, declared_tables(schema), dialect, schema.absent))
 
 
 _RELEASE_LINE = re.compile(r"--\s*(if|unless)\s+(\w+\.\w+)\s*$")

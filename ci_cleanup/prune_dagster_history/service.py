@@ -21,8 +21,20 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from dagster import AssetKey, AssetObservation, DagsterInstance, DagsterRunStatus, RunRecord, RunsFilter
-from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    DagsterEvent,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunRecord,
+    RunsFilter,
+)
+
+# Private: a runless observation stamped on its day (record_day) has no public API; the public
+# report_runless_asset_event takes no timestamp.
+from dagster._core.events import AssetObservationData
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from sqlalchemy import func, select
 
@@ -246,7 +258,8 @@ def count_events(instance: DagsterInstance, run_ids: list[str]) -> int:
     batch. Dagster's sqlite storage keeps a file per run, so there they are read.
     """
     # Imported here: the event log storage modules are slow to import, which every run of every job
-    # (and the code server) would pay at start-up for this one function (docs/performance.md).
+    # (and the code server) would pay at start-up for this one function (docs/performance.md). Private: no public
+    # API counts a run's events without reading them.
     from dagster._core.storage.event_log import SqlEventLogStorage, SqlEventLogStorageTable, SqliteEventLogStorage
 
     storage = instance.event_log_storage

@@ -2,6 +2,6 @@
 -- run its cap stopped leaves for the next one.
 SELECT count(*) FROM (
   SELECT FROM ci_runner_machines
-  WHERE created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :deadline)
+  WHERE {{ stale }}
   LIMIT :limit
 ) AS stale

@@ -17,6 +17,6 @@ WHERE id = ANY(ARRAY(
   -- The stale condition repeated on the DELETE itself: a runner that checks in (contacted_at moves to now) after the
   -- ids were read is re-checked by PostgreSQL when its row is locked, and kept. The ids alone would be re-checked
   -- against the array read before, and the live runner deleted.
-  AND created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :deadline)
+  AND {{ stale }}
 -- The ids this statement deleted: a row another run deleted first is skipped by the re-check, never counted twice.
 RETURNING id

@@ -4,4 +4,4 @@
 -- One scan of GitLab's index_project_export_jobs_on_status.
 SELECT count(*) AS count, min(id) AS first_id, max(id) AS last_id
 FROM project_export_jobs
-WHERE status IN (0, 1)
+WHERE {{ enqueued }}

@@ -2,6 +2,6 @@
 -- queued (0) or started (1) export jobs after the cursor, by id, through GitLab's index_project_export_jobs_on_status.
 SELECT id, jid
 FROM project_export_jobs
-WHERE status IN (0, 1) AND id > :after_id
+WHERE {{ enqueued }} AND id > :after_id
 ORDER BY id
 LIMIT :limit

@@ -19,7 +19,7 @@ reread AS (
            ELSE 'stuck'
          END AS outcome
   FROM checked
-  LEFT JOIN project_export_jobs ON project_export_jobs.id = checked.id AND project_export_jobs.status IN (0, 1)
+  LEFT JOIN project_export_jobs ON project_export_jobs.id = checked.id AND {{ enqueued }}
 ),
 -- The status and jid again on the row updated: a job finished or enqueued again after the statement's snapshot
 -- is re-checked by PostgreSQL once it has the row's lock, and left as it is.
@@ -28,7 +28,7 @@ failed AS (
   SET status = 3, updated_at = :now
   FROM reread
   WHERE project_export_jobs.id = reread.id AND reread.outcome = 'stuck'
-    AND project_export_jobs.status IN (0, 1) AND project_export_jobs.jid = reread.jid
+    AND {{ enqueued }} AND project_export_jobs.jid = reread.jid
   RETURNING project_export_jobs.id
 )
 -- An outcome per job: failed, or the re-read's (stuck: the UPDATE found it changed meanwhile).

@@ -24,5 +24,5 @@ SELECT checked.id,
          ELSE 'stuck'
        END AS outcome
 FROM checked
-LEFT JOIN project_export_jobs ON project_export_jobs.id = checked.id AND project_export_jobs.status IN (0, 1)
+LEFT JOIN project_export_jobs ON project_export_jobs.id = checked.id AND {{ enqueued }}
 ORDER BY checked.id
