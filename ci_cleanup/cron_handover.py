@@ -51,8 +51,8 @@ HANDOVERS = (
              "*/30 * * * *", "schedule_bulk_delete_job_artifacts"),
     Handover("ci_schedule_delete_objects_worker", "Ci::ScheduleDeleteObjectsCronWorker", "*/16 * * * *",
              "delete_expired_artifact_files",
-             caution="switch it off once delete_expired_artifact_files runs with this installation's storage "
-                     "settings (object storage too: its dry run leaves no due file behind)"),
+             caution="delete_expired_artifact_files must run with this installation's storage settings (object "
+                     "storage too: its dry run leaves no due file behind)"),
     Handover("expire_build_artifacts_worker", "ExpireBuildArtifactsWorker", "*/7 * * * *",
              "schedule_bulk_delete_job_artifacts", where_present=True,
              caution="GitLab expires artifacts with it where its bulk worker does not run (before 18.8, or "
