@@ -209,7 +209,8 @@ def change(client: redis.Redis, name: str, action: str, *, where: str, dry_run: 
         entries = sidekiq_cron.find(client, found, name, handover.klass)
         if entries.entry is None:
             raise Refused(f"No entry {_expected_key(found, name)} in {where}: nothing to {action}",
-                          "GitLab writes it (enabled) when Sidekiq boots; run ci-cleanup sidekiq-cron status then")
+                          "GitLab writes it (enabled) when Sidekiq boots, on releases that have this cron; run "
+                          "ci-cleanup sidekiq-cron status then")
         keys = " and ".join(entry.key for entry in entries.entries)
         if all(entry.status_field == target for entry in entries.entries):
             return [f"{keys} is already {target} (in {where}): nothing changed"]
