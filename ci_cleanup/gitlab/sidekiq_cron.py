@@ -1,11 +1,15 @@
-"""GitLab's cron entries as the sidekiq-cron gem (``~> 1.12.0`` in GitLab's Gemfile) keeps them in Sidekiq's Redis.
+"""GitLab's cron entries as the sidekiq-cron gem keeps them in Sidekiq's Redis, in both layouts GitLab has used.
 
-``Sidekiq::Cron::Job#save`` (lib/sidekiq/cron/job.rb, 1.12.0) does ``SADD cron_jobs cron_job:<name>`` and one
-``HSET cron_job:<name>`` of its fields (``nil`` written as ``""``); ``disable!`` / ``enable!`` set ``status`` and
-save. A hash without ``status`` counts as enabled (``status_from_redis``). The poller enqueues only entries whose
-status is ``enabled``, and GitLab's boot (``load_from_hash!``) keeps the status Redis holds, so a disabled entry
-stays disabled; a deleted one comes back enabled. sidekiq-cron 2.x namespaces both keys (``cron_jobs:<namespace>``,
-``cron_job:<namespace>:<name>``): that layout is refused here, never half-read.
+1.x (``~> 1.12.0`` until 18.8; earlier 1.8, 1.10): ``Sidekiq::Cron::Job#save`` does ``SADD cron_jobs
+cron_job:<name>`` and one ``HSET cron_job:<name>`` of its fields (``nil`` written as ``""``).
+2.x (``~> 2.3.0`` from 18.9): the same under a namespace, ``cron_jobs:<namespace>`` and
+``cron_job:<namespace>:<name>``, with a ``namespace`` field; GitLab configures none, so it is ``default``. Its
+poller first runs ``migrate_old_jobs_if_needed!``: each hash in ``cron_jobs`` is saved under the namespace with its
+status and taken out of ``cron_jobs``; the old hash stays behind, read by nothing.
+
+Both: ``disable!`` / ``enable!`` set ``status`` and save; a hash without ``status`` counts as enabled; the poller
+enqueues only entries whose status is ``enabled``; GitLab's boot (``load_from_hash!``) keeps the status Redis holds
+at the key it writes, so a disabled entry stays disabled and a deleted one comes back enabled.
 """
 
 from __future__ import annotations
@@ -15,46 +19,52 @@ from dataclasses import dataclass
 import redis
 
 STORE = "queues"  # Sidekiq's Redis: Gitlab::Redis::Queues, which falls back to resque.yml
-JOBS_KEY = "cron_jobs"  # Sidekiq::Cron::Job.jobs_key
-NAMESPACED_JOBS = "cron_jobs:*"  # 2.x: Sidekiq::Cron::Namespace.all reads KEYS cron_jobs:*
+JOBS_KEY = "cron_jobs"  # 1.x's Sidekiq::Cron::Job.jobs_key
+NAMESPACED_PREFIX = "cron_jobs:"  # 2.x: Namespace.all reads the namespaces from these keys
 ENABLED, DISABLED = "enabled", "disabled"
-# Sidekiq::Cron::Job#to_hash: what save writes, every field of it.
-FIELDS = ("name", "klass", "cron", "description", "source", "args", "message", "status", "active_job",
-          "queue_name_prefix", "queue_name_delimiter", "last_enqueue_time", "symbolize_args")
 
-# KEYS[1] the entry; ARGV[1] the status. Set it only while the key is still a hash with a cron (what was checked):
-# an HSET on a key deleted meanwhile would create a hash of one field that sidekiq-cron cannot load.
+# KEYS the entries; ARGV[1] the status, ARGV[i + 1] the status field KEYS[i] had when read ('' for none). All or
+# none: each must still be a hash with a cron and the status read (an HSET on a key deleted meanwhile would make a
+# hash sidekiq-cron cannot load; two layouts changed apart would disagree).
 _SET_STATUS = """
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'cron') == 0 then
-  return 0
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key)['ok'] ~= 'hash' or redis.call('HEXISTS', key, 'cron') == 0
+     or (redis.call('HGET', key, 'status') or '') ~= ARGV[i + 1] then
+    return 0
+  end
 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('HSET', key, 'status', ARGV[1])
+end
 return 1
 """
 
 
 class UnrecognisedEntry(ValueError):
-    """A key sidekiq-cron 1.12 would not have written this way: named, and never changed."""
+    """Keys sidekiq-cron would not have written this way, or that do not say which status holds: named, never
+    changed."""
 
 
-class NamespacedLayout(ValueError):
-    """sidekiq-cron 2.x's keys: this module reads 1.12's only."""
+def job_key(name: str, namespace: str | None = None) -> str:
+    """Sidekiq::Cron::Job.redis_key: 1.x's without a namespace, 2.x's with one."""
+    return f"cron_job:{name}" if namespace is None else f"cron_job:{namespace}:{name}"
 
 
-def job_key(name: str) -> str:
-    return f"cron_job:{name}"  # Sidekiq::Cron::Job.redis_key
+def jobs_key(namespace: str | None = None) -> str:
+    return JOBS_KEY if namespace is None else f"{NAMESPACED_PREFIX}{namespace}"
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One ``cron_job:<name>`` hash, its fields decoded."""
+    """One entry's hash, its fields decoded; ``namespace`` None for 1.x's."""
 
     name: str
     fields: dict[str, str]
+    namespace: str | None = None
 
     @property
     def key(self) -> str:
-        return job_key(self.name)
+        return job_key(self.name, self.namespace)
 
     @property
     def cron(self) -> str:
@@ -70,53 +80,112 @@ class Entry:
         return ENABLED if self.status_field is None else self.status_field
 
     @property
-    def enabled(self) -> bool:
-        return self.status == ENABLED  # should_enque?: status == "enabled", nothing else
-
-    @property
     def last_enqueue_time(self) -> str | None:
         return self.fields.get("last_enqueue_time") or None  # "" is save's nil: never enqueued
 
 
-def refuse_namespaced(client: redis.Redis) -> None:
-    """Refuse sidekiq-cron 2.x's layout, naming one of its sets (SCAN: never a blocking KEYS on Sidekiq's Redis)."""
-    found = next(client.scan_iter(match=NAMESPACED_JOBS, count=1000), None)
-    if found is not None:
-        raise NamespacedLayout(
-            f"{found.decode(errors='replace')} is sidekiq-cron 2.x's namespaced layout: only 1.12's "
-            f"({JOBS_KEY}, {job_key('<name>')}), which GitLab uses, is read and changed here"
-        )
+@dataclass(frozen=True)
+class Layout:
+    """The sets sidekiq-cron keeps: 1.x's names (None without ``cron_jobs``) and each 2.x namespace found."""
+
+    legacy: frozenset[str] | None
+    namespaces: dict[str, frozenset[str]]
+
+    @property
+    def empty(self) -> bool:
+        return self.legacy is None and not self.namespaces
 
 
-def registered(client: redis.Redis) -> set[str] | None:
-    """The names in ``cron_jobs``; None without the set (no sidekiq-cron data)."""
-    kind = client.type(JOBS_KEY).decode()
+def layout(client: redis.Redis) -> Layout:
+    """Both layouts' sets; the namespaces are the ``cron_jobs:*`` keys found (SCAN: never a blocking KEYS)."""
+    namespaces = {}
+    for found in sorted(client.scan_iter(match=f"{NAMESPACED_PREFIX}*", count=1000)):
+        namespace = found.decode(errors="replace")[len(NAMESPACED_PREFIX):]
+        namespaces[namespace] = _names(client, namespace)
+    return Layout(_names(client, None), namespaces)
+
+
+def _names(client: redis.Redis, namespace: str | None) -> frozenset[str] | None:
+    key = jobs_key(namespace)
+    kind = client.type(key).decode()
     if kind == "none":
         return None
     if kind != "set":
-        raise UnrecognisedEntry(f"{JOBS_KEY} is a {kind}, not the set sidekiq-cron writes")
-    prefix = job_key("").encode()
-    return {m[len(prefix):].decode(errors="replace") for m in client.smembers(JOBS_KEY) if m.startswith(prefix)}
+        raise UnrecognisedEntry(f"{key} is a {kind}, not the set sidekiq-cron writes")
+    prefix = job_key("", namespace).encode()
+    return frozenset(m[len(prefix):].decode(errors="replace") for m in client.smembers(key) if m.startswith(prefix))
 
 
-def read(client: redis.Redis, name: str, klass: str | None = None) -> Entry | None:
+@dataclass(frozen=True)
+class Found:
+    """A cron's entries as the poller that runs reads them. ``entries``: the namespaced one first; with it, 1.x's
+    while still in ``cron_jobs`` (2.x's poller copies it over the namespaced one when it starts): a change makes
+    both. ``orphan``: 1.x's hash a migration left, read by nothing."""
+
+    entries: tuple[Entry, ...]
+    orphan: str | None = None
+
+    @property
+    def entry(self) -> Entry | None:
+        return self.entries[0] if self.entries else None
+
+
+def find(client: redis.Redis, found: Layout, name: str, klass: str | None = None) -> Found:
+    """The entries of ``name`` in both layouts; :class:`UnrecognisedEntry` for any that cannot be trusted."""
+    entries = list(_namespaced(client, found, name, klass))
+    if name in (found.legacy or ()):
+        old = read(client, name, klass)
+        if old is not None and entries and old.status != entries[0].status:
+            raise UnrecognisedEntry(
+                f"{old.key} ({old.status}, still in {JOBS_KEY}) and {entries[0].key} ({entries[0].status}) "
+                f"disagree: sidekiq-cron 2.x's poller reads the second and, when it starts, copies the first over it")
+        return Found(tuple(entries) + ((old,) if old else ()))
+    if not client.exists(job_key(name)):
+        return Found(tuple(entries))
+    if found.namespaces:
+        return Found(tuple(entries), orphan=job_key(name))
+    raise UnrecognisedEntry(f"{job_key(name)} is not in {JOBS_KEY}: sidekiq-cron's poller never runs it")
+
+
+def _namespaced(client: redis.Redis, found: Layout, name: str, klass: str | None) -> tuple[Entry, ...]:
+    listed = [namespace for namespace, names in found.namespaces.items() if name in (names or ())]
+    if len(listed) > 1:
+        raise UnrecognisedEntry(f"{name} is in {' and '.join(jobs_key(n) for n in listed)}: which namespace "
+                                "GitLab's poller reads is not known here")
+    entries = []
+    for namespace in found.namespaces:
+        entry = read(client, name, klass, namespace)
+        if namespace in listed and entry is None:
+            raise UnrecognisedEntry(f"{jobs_key(namespace)} lists {job_key(name, namespace)}, which does not exist")
+        if entry is not None and namespace not in listed:
+            raise UnrecognisedEntry(f"{entry.key} is not in {jobs_key(namespace)}: sidekiq-cron's poller never runs it")
+        entries += [entry] if entry is not None else []
+    return tuple(entries)
+
+
+def read(client: redis.Redis, name: str, klass: str | None = None, namespace: str | None = None) -> Entry | None:
     """The entry ``name``; None when its key does not exist. ``klass``: the class it must run, when known."""
-    key = job_key(name)
+    key = job_key(name, namespace)
     kind = client.type(key).decode()
     if kind == "none":
         return None
     if kind != "hash":
         raise UnrecognisedEntry(f"{key} is a {kind}, not the hash sidekiq-cron writes")
     entry = Entry(name, {k.decode(errors="replace"): v.decode(errors="replace")
-                         for k, v in client.hgetall(key).items()})
+                         for k, v in client.hgetall(key).items()}, namespace)
     if not entry.fields.get("cron"):
-        raise UnrecognisedEntry(f"{key} has no cron field: not an entry sidekiq-cron 1.12 saved")
+        raise UnrecognisedEntry(f"{key} has no cron field: not an entry sidekiq-cron saved")
     if klass is not None and entry.fields.get("klass") != klass:
         raise UnrecognisedEntry(f"{key} runs {entry.fields.get('klass') or 'no class'}, not GitLab's {klass}")
+    if namespace is not None and entry.fields.get("namespace") != namespace:
+        raise UnrecognisedEntry(f"{key} has namespace {entry.fields.get('namespace')!r}, not {namespace!r}: not an "
+                                "entry sidekiq-cron 2.x saved there")
     return entry
 
 
-def set_status(client: redis.Redis, entry: Entry, status: str) -> None:
-    """``disable!`` / ``enable!``'s change to the entry: its ``status`` field, nothing else of it or of any key."""
-    if not client.eval(_SET_STATUS, 1, entry.key, status):
-        raise UnrecognisedEntry(f"{entry.key} changed while being read (no longer a hash with a cron): not changed")
+def set_status(client: redis.Redis, entries: tuple[Entry, ...], status: str) -> None:
+    """``disable!`` / ``enable!``'s change to each entry: its ``status`` field, nothing else of it or of any key;
+    all of them or none."""
+    keys = [entry.key for entry in entries]
+    if not client.eval(_SET_STATUS, len(keys), *keys, status, *(entry.status_field or "" for entry in entries)):
+        raise UnrecognisedEntry(f"{' or '.join(keys)} changed while being read: not changed")
