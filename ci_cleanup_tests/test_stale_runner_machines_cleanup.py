@@ -71,7 +71,8 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
                      contacted_at=contacted_at)
     fresh = create(engine, "ci_runner_machines", created_at=NOW, updated_at=NOW, contacted_at=NOW)
 
-    result = service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, NOW)
+    limits = service.Limits(service.stale_deadline(NOW))
+    result = service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, limits)
 
     assert ids(engine, "ci_runner_machines") == ([fresh] if deleted else [machine, fresh])
     assert (result.total_deleted, result.batch_counts) == ((1, [1, 0]) if deleted else (0, [0]))
@@ -80,7 +81,8 @@ def test_stale_boundaries(engine, created_at, contacted_at, deleted):
 def test_now_in_another_zone_is_the_same_moment(engine):
     machine = create(engine, "ci_runner_machines", created_at=NOW - WEEK, updated_at=NOW - WEEK)
     tokyo = NOW.astimezone(dt.timezone(dt.timedelta(hours=9)))
-    assert service.delete_stale_runner_managers(on(engine, "ci_runner_machines"), S, tokyo).total_deleted == 1
+    assert service.delete_stale_runner_managers(
+        on(engine, "ci_runner_machines"), S, service.Limits(service.stale_deadline(tokyo))).total_deleted == 1
     assert row(engine, "ci_runner_machines", machine) is None
 
 
@@ -141,7 +143,8 @@ def test_max_deletions_leaves_the_rest_for_the_next_run(stack, engine, redis_cli
 def test_last_sub_batch_does_not_overshoot_the_cap(engine):
     stale_machines(engine, 30)
     result = service.delete_stale_runner_managers(
-        on(engine, "ci_runner_machines"), S, utc_now(), service.Limits(sub_batch_limit=7, max_deletions=25))
+        on(engine, "ci_runner_machines"), S,
+        service.Limits(service.stale_deadline(utc_now()), sub_batch_limit=7, max_deletions=25))
     assert (result.total_deleted, result.batch_counts, result.max_deletions_reached, result.left) == (
         25, [7, 7, 7, 4], True, 5)
     assert len(ids(engine, "ci_runner_machines")) == 5
@@ -213,7 +216,8 @@ def test_two_runs_at_once_delete_each_row_once_with_honest_counts(engine):
         try:
             start.wait()
             results[i] = service.delete_stale_runner_managers(
-                on(engine, "ci_runner_machines"), S, utc_now(), service.Limits(sub_batch_limit=20), deleted[i].extend
+                on(engine, "ci_runner_machines"), S,
+                service.Limits(service.stale_deadline(utc_now()), sub_batch_limit=20), service.Hooks(deleted[i].extend),
             )
         except BaseException as e:  # noqa: BLE001 - surfaced below
             errors.append(e)
@@ -271,7 +275,8 @@ def test_the_sub_batch_statements_sent_are_the_packages_sql_file(engine):
     files = {f.sent(S, machines_db.dialect): f.name for f in (service.SUB_BATCH, service.COUNT, service.STALE_IDS)}
     with statements_sent(machines_db) as sent:
         result = service.delete_stale_runner_managers(
-            machines_db, S, utc_now(), service.Limits(sub_batch_limit=2, max_deletions=4))
+            machines_db, S, service.Limits(service.stale_deadline(utc_now()), sub_batch_limit=2, max_deletions=4),
+        )
 
     assert [(files.get(sql, sql), parameters["limit"]) for _, sql, parameters in sent] == [
         ("delete_stale_runner_machines.sql", 2), ("delete_stale_runner_machines.sql", 2),

@@ -126,7 +126,8 @@ STALE = "created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :d
 
 def stale_job(engine, client, on_batch):
     return stale_machines.delete_stale_runner_managers(
-        engine, S, utc_now(), stale_machines.Limits(max_deletions=UNLIMITED), lambda ids: on_batch()
+        engine, S, stale_machines.Limits(stale_machines.stale_deadline(utc_now()), max_deletions=UNLIMITED),
+        stale_machines.Hooks(lambda ids: on_batch())
     ).total_deleted
 
 

@@ -10,6 +10,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import naive_utc, utc_now
 from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
@@ -33,8 +34,7 @@ class DropCancelingBuildsConfig(Config):
 @dataclass(frozen=True)
 class DropPlan:
     start: Start
-    cutoff: dt.datetime
-    batch_size: int
+    limits: service.Limits
     candidates: int
     would: dict = field(default_factory=dict)  # dry run: what a run would drop
 
@@ -59,7 +59,7 @@ def find_canceling_builds(
     context.add_output_metadata(
         {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), **gitlab_tables, **begun.metadata}
     )
-    return DropPlan(begun, cutoff, config.batch_size, candidates, would)
+    return DropPlan(begun, service.Limits(cutoff, config.batch_size), candidates, would)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def drop_canceling_builds_in_batches(
     with observer:
         result = service.drop_canceling_builds(
             gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
-            service.Limits(plan.cutoff, plan.batch_size, plan.start.brake), service.Hooks(on_batch, report_error),
+            plan.limits, Hooks(on_batch, report_error, plan.start.brake),
         )
     return DropDone(plan, result)
 

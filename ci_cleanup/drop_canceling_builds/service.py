@@ -16,8 +16,8 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
-from ..gitlab.loop_helpers import Brake, loop_until
-from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc, utc_now
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
+from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc
 from ..gitlab.sql_files import SqlFile
 
 TIMEOUT = dt.timedelta(hours=1)  # DropCancelingService::TIMEOUT
@@ -86,14 +86,6 @@ class DropResult:
 class Limits:
     cutoff: dt.datetime  # a build canceling and untouched since before it is outdated
     batch_size: int = BATCH_SIZE
-    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
-
-
-@dataclass(frozen=True)
-class Hooks:
-    on_batch: Callable[[BatchOutcome], None] = lambda batch: None
-    report_error: Callable[[int, BaseException], None] = lambda build_id, error: None  # GitLab's error tracking
-    now: Callable[[], dt.datetime] = utc_now
 
 
 def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime) -> int:
@@ -173,12 +165,10 @@ def drop_batch(
     return BatchOutcome.of([*parts, *rescued])
 
 
-def drop_canceling_builds(
-    engine: Engine, schema: GitLabSchema, limits: Limits, hooks: Hooks | None = None
-) -> DropResult:
+def drop_canceling_builds(engine: Engine, schema: GitLabSchema, limits: Limits, hooks: Hooks = NO_HOOKS) -> DropResult:
     """Drop every outdated canceling build, batch after batch, until a batch picks none: GitLab's loop has no
     other limit (the lease's TTL and run monitoring bound the run)."""
-    hooks, result = hooks or Hooks(), DropResult()
+    result = DropResult()
     # Builds picked and not dropped are not picked again this run: one left canceling (a failed doom,
     # a trigger that skips its row) would otherwise come back in every batch.
     passed_over: list[int] = []
@@ -193,5 +183,5 @@ def drop_canceling_builds(
             hooks.on_batch(batch)
             return True
 
-        loop_until(next_batch, brake=limits.brake)
+        loop_until(next_batch, brake=hooks.brake)
     return result

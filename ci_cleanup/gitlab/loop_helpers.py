@@ -1,12 +1,16 @@
-"""GitLab's ``LoopHelpers#loop_until``: the loop limits every batch job shares, written once, with a brake."""
+"""GitLab's ``LoopHelpers#loop_until``: the loop limits every batch job shares, written once, with a brake; and the
+:class:`Hooks` every batch service takes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .schema import utc_now
 
 
 class LoopEnd(enum.Enum):
@@ -81,3 +85,20 @@ def loop_until(
         pause = brake.hold(now - began, sleep) if brake is not None else 0
         began = now + pause
     return LoopEnd.LIMIT
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a batch service calls back and reads the time from: the same object for every service, built by its job's
+    process op. Each service is ``service(<its stores>, limits, hooks)``: ``limits`` are its seed's numbers and
+    cut-offs, built by the job's find op; these are the run's."""
+
+    on_batch: Callable[..., None] = lambda *batch: None  # after each batch, with what it did
+    report_error: Callable[[int, BaseException], None] = lambda row_id, error: None  # GitLab's error tracking
+    brake: Brake | None = None  # the run's pause after each batch (RunOptions.duty_cycle), which keeps its lease
+    now: Callable[[], dt.datetime] = utc_now
+    clock: Callable[[], float] = time.monotonic
+    stop: threading.Event | None = None  # set: the run is being terminated; no batch starts after it
+
+
+NO_HOOKS = Hooks()  # a service called with nothing to call back (tests, the benchmark)

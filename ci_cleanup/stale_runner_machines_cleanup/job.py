@@ -13,6 +13,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field, model_validator
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
@@ -52,7 +53,6 @@ class StaleRunnerMachinesCleanupConfig(Config):
 @dataclass(frozen=True)
 class CleanupPlan:
     start: Start
-    now: dt.datetime
     limits: service.Limits
     would: dict = field(default_factory=dict)  # dry run: what a run would delete
 
@@ -67,9 +67,8 @@ def find_stale_runner_machines(
     now = utc_now()
     gitlab_tables = gitlab_db.require(USES)
     begun = start(context, run_options)
-    limits = service.Limits(dt.timedelta(days=config.stale_after_days), config.sub_batch_size, config.max_deletions,
-                            begun.brake)
-    deadline = service.stale_deadline(now, limits.stale_after)
+    deadline = service.stale_deadline(now, dt.timedelta(days=config.stale_after_days))
+    limits = service.Limits(deadline, config.sub_batch_size, config.max_deletions)
     would = {}
     if begun.mode is RunMode.DRY_RUN:
         with gitlab_db.engine_for(schema.ci_runner_machines).connect() as conn:
@@ -77,7 +76,7 @@ def find_stale_runner_machines(
             ids = service.find_stale_ids(conn, schema, deadline, min(would_delete, MAX_IDS_REPORTED))
             would = {"would_delete_count": would_delete, "would_delete_ids": ids}
     context.add_output_metadata({"stale_deadline": deadline.isoformat(), **gitlab_tables, **begun.metadata})
-    return CleanupPlan(begun, now, limits, would)
+    return CleanupPlan(begun, limits, would)
 
 
 @dataclass(frozen=True)
@@ -103,8 +102,8 @@ def delete_stale_runner_machines_in_sub_batches(
 
     with observer:
         result = service.delete_stale_runner_managers(
-            gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema, plan.now, plan.limits,
-            on_sub_batch,
+            gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema, plan.limits,
+            Hooks(on_sub_batch, brake=plan.start.brake),
         )
     return CleanupDone(plan, result)
 

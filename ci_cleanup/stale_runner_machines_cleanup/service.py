@@ -9,13 +9,12 @@ delete every row once and their counts add up.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab.batching import autocommit
-from ..gitlab.loop_helpers import Brake, loop_until
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
 from ..gitlab.schema import GitLabSchema
 from ..gitlab.sql_files import SqlFile
 
@@ -30,10 +29,9 @@ STALE_IDS = SqlFile(__package__, "find_stale_runner_machines.sql")
 
 @dataclass(frozen=True)
 class Limits:
-    stale_after: dt.timedelta = STALE_TIMEOUT
+    deadline: dt.datetime  # stale_deadline: created and last contacted at or before it is stale
     sub_batch_limit: int = SUB_BATCH_LIMIT
     max_deletions: int = MAX_DELETIONS
-    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
 
     def __post_init__(self) -> None:
         if self.sub_batch_limit < 1 or self.max_deletions < 1:
@@ -81,13 +79,11 @@ def delete_sub_batch(conn: Connection, schema: GitLabSchema, deadline: dt.dateti
 
 
 def delete_stale_runner_managers(
-    engine: Engine, schema: GitLabSchema, now: dt.datetime, limits: Limits | None = None,
-    on_sub_batch: Callable[[list[int]], None] = lambda deleted_ids: None,
+    engine: Engine, schema: GitLabSchema, limits: Limits, hooks: Hooks = NO_HOOKS
 ) -> CleanupResult:
     """GitLab's loop: stop when a pass deletes 0 or ``max_deletions`` are gone (then no trailing 0, and the stale
-    rows left are counted)."""
-    limits = limits or Limits()
-    deadline = stale_deadline(now, limits.stale_after)
+    rows left are counted). ``hooks.on_batch`` gets each sub-batch's deleted ids."""
+    deadline = limits.deadline
     result = CleanupResult(max_deletions=limits.max_deletions)
     with autocommit(engine) as conn:
 
@@ -97,10 +93,10 @@ def delete_stale_runner_managers(
                 conn, schema, deadline, min(limits.sub_batch_limit, limits.max_deletions - result.total_deleted))
             result.batch_counts.append(len(deleted))
             result.total_deleted += len(deleted)
-            on_sub_batch(deleted)
+            hooks.on_batch(deleted)
             return bool(deleted) and not result.max_deletions_reached
 
-        loop_until(sub_batch, brake=limits.brake)
+        loop_until(sub_batch, brake=hooks.brake)
         if result.max_deletions_reached:
             result.left = count_stale(conn, schema, deadline)
     return result
