@@ -93,7 +93,11 @@ def chunk_statements_sent(engine, redis_client, dry_run: bool = False) -> list[s
     """The service's statements, as psycopg2 was handed each, run over chunks of 2."""
     main = on(engine, "project_export_jobs")
     with statements_sent(main) as sent:
-        service.mark_stuck_jobs_as_failed(main, S, redis_client, ago(hours=6), service.Chunks(size=2), dry_run)
+        limits = service.Limits(ago(hours=6), chunk_size=2)
+        if dry_run:
+            service.find_stuck_jobs(main, S, redis_client, limits)
+        else:
+            service.mark_stuck_jobs_as_failed(main, S, redis_client, limits)
     return [sql for _, sql, _ in sent]
 
 
@@ -398,7 +402,7 @@ def test_redis_lost_mid_run_raises_and_changes_nothing(stack, engine, tmp_path):
     gone = redis.Redis(unix_socket_path=str(tmp_path / "gone.sock"))
 
     with pytest.raises(redis.ConnectionError):
-        service.mark_stuck_jobs_as_failed(engine, S, gone, grace_cutoff=utc_now() - service.EXPORT_JOBS_EXPIRATION)
+        service.mark_stuck_jobs_as_failed(engine, S, gone, service.Limits(utc_now() - service.EXPORT_JOBS_EXPIRATION))
 
     assert row(engine, "project_export_jobs", job_id) == before
 
@@ -435,7 +439,7 @@ def test_chunks_after_a_refused_chunk_and_after_one_with_nothing_to_fail_are_rea
 
     with updates_refused(engine, "project_export_jobs", f"NEW.id = {bad} AND NEW.status = 3"):
         result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client,
-                                                   utc_now() - service.EXPORT_JOBS_EXPIRATION, service.Chunks(size=2))
+                                                   service.Limits(utc_now() - service.EXPORT_JOBS_EXPIRATION, 2))
 
     assert ids(engine, "project_export_jobs", J.c.status == FAILED) == [good, *later]
     assert ids(engine, "project_export_jobs", J.c.status.in_(service.ENQUEUED)) == [bad, *running]
@@ -546,8 +550,9 @@ def test_a_dense_backlogs_pages_walk_the_primary_key_not_every_enqueued_job_afte
     assert "Index Scan using project_export_jobs_pkey" in walked and "Sort" not in walked, walked
     assert "index_project_export_jobs_on_status" not in walked, walked
     with statements_sent(on(engine, "project_export_jobs")) as sent:
-        result = service.mark_stuck_jobs_as_failed(on(engine, "project_export_jobs"), S, redis_client, ago(hours=6),
-                                                   service.Chunks(first_id=enqueued.first_id, walk=enqueued.dense))
+        result = service.mark_stuck_jobs_as_failed(
+            on(engine, "project_export_jobs"), S, redis_client,
+            service.Limits(ago(hours=6), first_id=enqueued.first_id, walk=enqueued.dense))
     pages = [(parameters["after_id"], sql) for _, sql, parameters in sent if "after_id" in parameters]
 
     assert (result.stuck, result.chunks) == (2500, 3)
@@ -572,8 +577,8 @@ def test_pages_start_at_the_first_enqueued_job_counted_by_the_first_op(stack, en
     with engine.connect() as conn:
         assert service.count_enqueued(conn, S) == (2, first, second)
         # Given a later first id (as if the first job had been counted and finished), the pages start there.
-        result = service.mark_stuck_jobs_as_failed(engine, S, redis_client, ago(hours=6),
-                                                   service.Chunks(first_id=second))
+        result = service.mark_stuck_jobs_as_failed(engine, S, redis_client,
+                                                   service.Limits(ago(hours=6), first_id=second))
     assert (result.stuck_ids, result.candidates) == ([second], 1)
     assert ids(engine, "project_export_jobs", J.c.status == QUEUED) == [first]
     assert ids(engine, "project_export_jobs", J.c.status == FINISHED) == finished

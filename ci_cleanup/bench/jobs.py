@@ -162,9 +162,10 @@ def exports_job(engine, client, on_batch):
     with engine.connect() as conn:  # the job's first op
         enqueued = stuck_exports.count_enqueued(conn, S)
     return stuck_exports.mark_stuck_jobs_as_failed(
-        engine, S, client, utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION,
-        stuck_exports.Chunks(first_id=enqueued.first_id, walk=enqueued.dense),
-        hooks=stuck_exports.Hooks(on_chunk=lambda chunk, outcome: on_batch()),
+        engine, S, client,
+        stuck_exports.Limits(utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=enqueued.first_id,
+                             walk=enqueued.dense),
+        stuck_exports.Hooks(on_batch=lambda chunk, outcome: on_batch()),
     ).stuck
 
 

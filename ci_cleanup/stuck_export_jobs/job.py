@@ -12,6 +12,7 @@ from dagster import Config, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, observe, track_exception
@@ -39,29 +40,34 @@ class StuckExportJobsConfig(Config):
 @dataclass(frozen=True)
 class StuckExportPlan:
     start: Start
-    grace_cutoff: dt.datetime
-    chunk_size: int
+    limits: service.Limits
     candidates: int
-    first_id: int | None = None
-    walk: bool = False  # the pages walk the primary key (a dense backlog)
+    preview: service.StuckResult | None = None  # dry run: what a run would find and fail
 
 
 @op
 def find_enqueued_export_jobs(
-    context: OpExecutionContext, config: StuckExportJobsConfig, gitlab_db: GitLabDatabase, run_options: RunOptions
+    context: OpExecutionContext, config: StuckExportJobsConfig, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis,
+    run_options: RunOptions,
 ) -> StuckExportPlan:
-    """Check the schema and count the queued and started export jobs."""
+    """Check the schema and count the queued and started export jobs; a dry run asks Sidekiq's Redis about each
+    and finds the ones a run would fail, changing nothing."""
     schema = gitlab_db.schema
     gitlab_tables = gitlab_db.require(USES)
-    with gitlab_db.engine_for(schema.project_export_jobs).connect() as conn:
+    engine = gitlab_db.engine_for(schema.project_export_jobs)
+    with engine.connect() as conn:
         enqueued = service.count_enqueued(conn, schema)
     begun = start(context, run_options)
     grace_cutoff = utc_now() - dt.timedelta(hours=config.relation_exports_grace_hours)
+    limits = service.Limits(grace_cutoff, config.chunk_size, enqueued.first_id, enqueued.dense, MAX_IDS_REPORTED)
+    preview = None
+    if begun.mode is RunMode.DRY_RUN:
+        preview = service.find_stuck_jobs(engine, schema, gitlab_redis.sidekiq_status, limits)
     context.add_output_metadata(
         {"candidates": enqueued.count, "grace_cutoff": grace_cutoff.isoformat(), **gitlab_tables,
          **begun.metadata}
     )
-    return StuckExportPlan(begun, grace_cutoff, config.chunk_size, enqueued.count, enqueued.first_id, enqueued.dense)
+    return StuckExportPlan(begun, limits, enqueued.count, preview)
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,15 @@ def fail_stuck_export_jobs_in_chunks(
     context: OpExecutionContext, plan: StuckExportPlan, gitlab_db: GitLabDatabase, gitlab_redis: GitLabRedis
 ) -> FailedExportJobs:
     """Chunk by chunk: ask Sidekiq's Redis, fail the stuck jobs in one guarded statement (job by job if the
-    database refuses it), each chunk observed on the table. A dry run asks the same questions and changes nothing."""
-    # Each chunk's numbers and failed jobs, observed on the table at a bounded rate; a dry run observes nothing,
-    # its report lists what would fail.
+    database refuses it), each chunk observed on the table."""
+    # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
+    # Redis errors do), and the next hour's run picks up.
+    context.add_output_metadata(gitlab_redis.store_used("sidekiq_status"))
+    if not plan.start.runs:
+        return FailedExportJobs(plan, plan.preview or service.StuckResult())
+    # Each chunk's numbers and failed jobs, observed on the table at a bounded rate.
     observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs",
-                             keys=["enqueued", "running", "failed"] if plan.start.runs else [])
+                             keys=["enqueued", "running", "failed"])
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         if outcome is not None:
@@ -93,16 +103,11 @@ def fail_stuck_export_jobs_in_chunks(
     def report_error(job_id: int, error: BaseException) -> None:
         track_exception(context, error, project_export_job_id=job_id)
 
-    # GitLab's worker retries on Redis::ConnectionError; here the run fails, naming the server (as every job's
-    # Redis errors do), and the next hour's run picks up.
-    context.add_output_metadata(gitlab_redis.store_used("sidekiq_status"))
     schema = gitlab_db.schema
     with observer:
         result = service.mark_stuck_jobs_as_failed(
-            gitlab_db.engine_for(schema.project_export_jobs), schema, gitlab_redis.sidekiq_status, plan.grace_cutoff,
-            service.Chunks(plan.chunk_size, plan.first_id, plan.walk, plan.start.brake),
-            dry_run=plan.start.mode is RunMode.DRY_RUN,
-            hooks=service.Hooks(on_chunk=on_chunk, report_error=report_error), max_ids=MAX_IDS_REPORTED,
+            gitlab_db.engine_for(schema.project_export_jobs), schema, gitlab_redis.sidekiq_status, plan.limits,
+            Hooks(on_chunk, report_error, plan.start.brake),
         )
     return FailedExportJobs(plan, result)
 

@@ -21,8 +21,8 @@ from sqlalchemy.exc import DBAPIError
 
 from ..gitlab import sidekiq_status
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
-from ..gitlab.loop_helpers import Brake, loop_until
-from ..gitlab.schema import EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema, utc_now
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
+from ..gitlab.schema import EXPORT_QUEUED, EXPORT_STARTED, GitLabSchema
 from ..gitlab.sql_files import SqlFile
 
 CHUNK_SIZE = 1000
@@ -230,52 +230,55 @@ def fail_chunk(
 
 
 @dataclass(frozen=True)
-class Chunks:
-    """Which enqueued jobs a run reads, ``size`` at a time: from ``first_id`` (:func:`count_enqueued`'s; a job
-    enqueued since has a higher id), else from the first id; ``walk``: along the primary key (:attr:`Enqueued.dense`).
-    """
+class Limits:
+    """The cut-off, and which enqueued jobs a run reads, ``chunk_size`` at a time: from ``first_id``
+    (:func:`count_enqueued`'s; a job enqueued since has a higher id), else from the first id; ``walk``: along the
+    primary key (:attr:`Enqueued.dense`). ``max_ids``: the ids a result keeps of each kind."""
 
-    size: int = CHUNK_SIZE
+    grace_cutoff: dt.datetime  # a parallel export created after it is spared (EXPORT_JOBS_EXPIRATION ago)
+    chunk_size: int = CHUNK_SIZE
     first_id: int | None = None
     walk: bool = False
-    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each chunk
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the caller sees of the chunks, and the clock (a test's own)."""
-
-    on_chunk: Callable[[StuckChunk, FailOutcome | None], None] = lambda chunk, outcome: None
-    report_error: Callable[[int, BaseException], None] = lambda job_id, error: None
-    now: Callable[[], dt.datetime] = utc_now
+    max_ids: int = 1000
 
 
 def mark_stuck_jobs_as_failed(
-    engine: Engine, schema: GitLabSchema, queues: redis.Redis, grace_cutoff: dt.datetime, chunks: Chunks = Chunks(),
-    dry_run: bool = False, hooks: Hooks = Hooks(), max_ids: int = 1000,
+    engine: Engine, schema: GitLabSchema, queues: redis.Redis, limits: Limits, hooks: Hooks = NO_HOOKS
 ) -> StuckResult:
     """The worker's ``mark_stuck_jobs_as_failed!``, a chunk at a time by id (a million queued rows never load at
-    once), on one autocommit connection: each statement its own transaction, none open while Redis is asked. In a
-    dry run, find the stuck jobs and write nothing."""
-    result = StuckResult(max_ids=max_ids)
-    after_id = (chunks.first_id or 1) - 1
+    once), on one autocommit connection: each statement its own transaction, none open while Redis is asked.
+    ``hooks.on_batch`` gets each chunk and what failing it did."""
+    return _chunks(engine, schema, queues, limits, hooks, dry_run=False)
+
+
+def find_stuck_jobs(engine: Engine, schema: GitLabSchema, queues: redis.Redis, limits: Limits) -> StuckResult:
+    """A dry run: the same chunks and questions, every job sorted as a run would, nothing written."""
+    return _chunks(engine, schema, queues, limits, NO_HOOKS, dry_run=True)
+
+
+def _chunks(
+    engine: Engine, schema: GitLabSchema, queues: redis.Redis, limits: Limits, hooks: Hooks, dry_run: bool
+) -> StuckResult:
+    result = StuckResult(max_ids=limits.max_ids)
+    after_id = (limits.first_id or 1) - 1
     with autocommit(engine) as conn:
 
         def next_chunk() -> bool:
             nonlocal after_id
-            candidates = enqueued_exports(conn, schema, after_id, chunks.size, walk=chunks.walk)
+            candidates = enqueued_exports(conn, schema, after_id, limits.chunk_size, walk=limits.walk)
             if not candidates:
                 return False
             chunk, completed = ask_sidekiq(queues, candidates)
             after_id = chunk.last_id
             if dry_run:
-                classify(conn, schema, chunk, completed, grace_cutoff)
+                classify(conn, schema, chunk, completed, limits.grace_cutoff)
                 outcome = None
             else:
-                outcome = fail_chunk(conn, schema, chunk, completed, grace_cutoff, hooks.now(), hooks.report_error)
+                outcome = fail_chunk(
+                    conn, schema, chunk, completed, limits.grace_cutoff, hooks.now(), hooks.report_error)
             result.add(chunk, outcome)
-            hooks.on_chunk(chunk, outcome)
+            hooks.on_batch(chunk, outcome)
             return True
 
-        loop_until(next_chunk, brake=chunks.brake)
+        loop_until(next_chunk, brake=hooks.brake)
     return result
