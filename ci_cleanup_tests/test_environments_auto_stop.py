@@ -100,7 +100,8 @@ def batch_statements_sent(engine, flags: service.Flags) -> list[tuple[str, str]]
     """The service run on ``engine``'s layout: each statement sent (savepoints aside), by the database it went to."""
     main, ci = on(engine, "environments"), on(engine, "ci_builds")
     with statements_sent(main, ci) as sent:
-        service.auto_stop_environments(main, ci, S, flags=flags)
+        limits = service.Limits(play_stop_actions=flags.play_stop_actions)
+        (service.find_auto_stoppable if flags.dry_run else service.auto_stop_environments)(main, ci, S, limits)
     return [("ci" if to is not main else "main", sql) for to, sql, _ in sent if "SAVEPOINT" not in sql]
 
 
@@ -337,7 +338,7 @@ def test_time_limit_ends_the_loop_before_a_new_batch(stack, engine):
 
     result = service.auto_stop_environments(
         on(engine, "environments"), on(engine, "ci_builds"), S, service.Limits(batch_size=1),
-        hooks=service.Hooks(clock=lambda: next(ticks)))
+        service.Hooks(clock=lambda: next(ticks)))
 
     assert (result.loops, result.limit_reached, result.counts[service.STOPPED]) == (2, "time", 2)
     assert ids(engine, "environments", S.environments.c.state == "available") == env_ids[2:]

@@ -209,7 +209,7 @@ DUE = "state = 'available' AND auto_stop_at < :now"
 def envs_job(engine, client, on_batch):
     result = auto_stop.auto_stop_environments(
         engine, engine, S, auto_stop.Limits(max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1)),
-        hooks=auto_stop.Hooks(on_batch=lambda b: on_batch()),
+        auto_stop.Hooks(on_batch=lambda b: on_batch()),
     )
     return result.counts[auto_stop.STOPPED] + result.counts[auto_stop.STOPPING]
 

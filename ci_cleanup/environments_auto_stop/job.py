@@ -10,6 +10,7 @@ from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import missing_unique_index, utc_now
 from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
@@ -38,11 +39,10 @@ class EnvironmentsAutoStopConfig(Config):
 @dataclass(frozen=True)
 class AutoStopPlan:
     start: Start
-    batch_size: int
-    max_loops: int
-    max_runtime_minutes: int
+    limits: service.Limits
     candidates: int
     missing_index: str | None = None  # GitLab's index that playing stop actions needs, when the database lacks it
+    preview: service.AutoStopResult | None = None  # dry run: what a run would do
 
 
 @op
@@ -68,10 +68,14 @@ def find_auto_stoppable_environments(
         found["missing_index"] = missing_index
         context.log.error(f"The database lacks GitLab's {missing_index}: stop actions will not be played")
     begun = start(context, run_options, gitlab_redis)
+    limits = service.Limits(config.batch_size, config.max_loops, dt.timedelta(minutes=config.max_runtime_minutes),
+                            play_stop_actions=missing_index is None, max_ids=MAX_IDS_REPORTED)
+    preview = None
+    if begun.mode is RunMode.DRY_RUN:  # each environment's outcome decided as a run would, nothing written
+        preview = service.find_auto_stoppable(
+            gitlab_db.engine_for(schema.environments), gitlab_db.engine_for(schema.ci_builds), schema, limits)
     context.add_output_metadata({**found, **begun.metadata})
-    return AutoStopPlan(
-        begun, config.batch_size, config.max_loops, config.max_runtime_minutes, candidates, missing_index
-    )
+    return AutoStopPlan(begun, limits, candidates, missing_index, preview)
 
 
 @dataclass(frozen=True)
@@ -86,17 +90,13 @@ class StoppedEnvironments:
 def stop_environments_in_batches(
     context: OpExecutionContext, plan: AutoStopPlan, gitlab_db: GitLabDatabase
 ) -> StoppedEnvironments:
-    """Stop the environments batch by batch, each batch observed on the environments table. A dry run decides each
-    environment's outcome the same way and changes nothing."""
-    if plan.start.mode is RunMode.SKIPPED:
-        return StoppedEnvironments(plan, service.AutoStopResult())
-    dry_run = plan.start.mode is RunMode.DRY_RUN
-    observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments", keys=() if dry_run
-                             else ["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"])
+    """Stop the environments batch by batch, each batch observed on the environments table."""
+    if not plan.start.runs:
+        return StoppedEnvironments(plan, plan.preview or service.AutoStopResult())
+    observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments",
+                             keys=["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"])
 
     def on_batch(batch: service.BatchOutcome) -> None:
-        if dry_run:
-            return
         observer.add(
             {
                 "stopped": batch.count(service.STOPPED),
@@ -112,13 +112,10 @@ def stop_environments_in_batches(
         track_exception(context, error, environment_id=environment_id)
 
     schema = gitlab_db.schema
-    limits = service.Limits(plan.batch_size, plan.max_loops, dt.timedelta(minutes=plan.max_runtime_minutes),
-                            plan.start.brake)
-    flags = service.Flags(dry_run=dry_run, play_stop_actions=plan.missing_index is None)
     with observer:
         result = service.auto_stop_environments(
-            gitlab_db.engine_for(schema.environments), gitlab_db.engine_for(schema.ci_builds), schema, limits, flags,
-            service.Hooks(on_batch=on_batch, report_error=report_error), max_ids=MAX_IDS_REPORTED,
+            gitlab_db.engine_for(schema.environments), gitlab_db.engine_for(schema.ci_builds), schema, plan.limits,
+            Hooks(on_batch, report_error, plan.start.brake),
         )
     return StoppedEnvironments(plan, result)
 

@@ -17,8 +17,7 @@ A batch the database refuses (a bad row) is done again environment by environmen
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -26,8 +25,8 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
-from ..gitlab.loop_helpers import Brake, LoopEnd, loop_until
-from ..gitlab.schema import AUTO_STOP_ALWAYS, GitLabSchema, naive_utc, utc_now
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, LoopEnd, loop_until
+from ..gitlab.schema import AUTO_STOP_ALWAYS, GitLabSchema, naive_utc
 from ..gitlab.sql_files import SqlFile
 
 BATCH_SIZE = 100  # AutoStopService::BATCH_SIZE
@@ -60,18 +59,23 @@ START = ("-infinity", 0)
 
 @dataclass(frozen=True)
 class Limits:
-    """GitLab's loop limits (``loop_until``) and batch size."""
+    """GitLab's loop limits (``loop_until``) and batch size; without ``play_stop_actions`` (the queue's unique index
+    is missing) environments with stop actions are left ``not_played`` and the others stopped. ``max_ids``: the ids
+    a result keeps of each outcome."""
 
     batch_size: int = BATCH_SIZE
     max_loops: int = LOOP_LIMIT
     max_runtime: dt.timedelta = LOOP_TIMEOUT
-    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): a pause after each batch
+    play_stop_actions: bool = True
+    max_ids: int = 1000
+
+
+DEFAULT_LIMITS = Limits()  # GitLab's
 
 
 @dataclass(frozen=True)
 class Flags:
-    """What a run may do: ``dry_run`` writes nothing; without ``play_stop_actions`` (the queue's unique index is
-    missing) environments with stop actions are left ``not_played`` and the others stopped."""
+    """What a run may do (its :class:`Limits` and whether it is a dry run): ``dry_run`` writes nothing."""
 
     dry_run: bool = False
     play_stop_actions: bool = True
@@ -79,16 +83,6 @@ class Flags:
     @property
     def plays(self) -> bool:
         return self.play_stop_actions and not self.dry_run
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the caller sees of the batches, and the clocks (a test's own)."""
-
-    on_batch: Callable[[BatchOutcome], None] = lambda batch: None
-    report_error: Callable[[int, BaseException], None] = lambda environment_id, error: None
-    now: Callable[[], dt.datetime] = utc_now
-    clock: Callable[[], float] = time.monotonic
 
 
 @dataclass
@@ -289,11 +283,21 @@ def stop_next_batch(run: Run, now: dt.datetime, after: tuple[str, int], limit: i
 
 
 def auto_stop_environments(
-    main: Engine, ci: Engine, schema: GitLabSchema, limits: Limits = Limits(), flags: Flags = Flags(),
-    hooks: Hooks = Hooks(), max_ids: int = 1000,
+    main: Engine, ci: Engine, schema: GitLabSchema, limits: Limits = DEFAULT_LIMITS, hooks: Hooks = NO_HOOKS
 ) -> AutoStopResult:
     """GitLab's ``loop_until(timeout: 45.minutes, limit: 1000) { stop_in_batch }``, each batch stopped here; on one
     database ``ci`` is ``main``, and one connection serves both."""
+    return _loop(main, ci, schema, limits, hooks, Flags(play_stop_actions=limits.play_stop_actions))
+
+
+def find_auto_stoppable(main: Engine, ci: Engine, schema: GitLabSchema, limits: Limits = DEFAULT_LIMITS
+                        ) -> AutoStopResult:
+    """A dry run: the same batches, each environment's outcome decided as a run would, nothing written."""
+    return _loop(main, ci, schema, limits, NO_HOOKS, Flags(dry_run=True, play_stop_actions=limits.play_stop_actions))
+
+
+def _loop(main: Engine, ci: Engine, schema: GitLabSchema, limits: Limits, hooks: Hooks, flags: Flags
+          ) -> AutoStopResult:
     result = AutoStopResult()
     cursor = START
     with autocommit(main) as main_conn, (nullcontext(main_conn) if ci is main else autocommit(ci)) as ci_conn:
@@ -305,11 +309,11 @@ def auto_stop_environments(
             if batch.cursor is None:
                 return False
             cursor = batch.cursor
-            result.add(batch, max_ids)
+            result.add(batch, limits.max_ids)
             hooks.on_batch(batch)
             return True
 
         end = loop_until(stop_in_batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_loops,
-                         brake=limits.brake, clock=hooks.clock)
+                         brake=hooks.brake, clock=hooks.clock)
     result.limit_reached = {LoopEnd.TIMEOUT: "time", LoopEnd.LIMIT: "loops"}.get(end)
     return result
