@@ -370,8 +370,8 @@ def test_no_new_batch_starts_after_the_run_time_limit(instance, dagster_db, temp
         return start + dt.timedelta(minutes=len(calls) - 1)
 
     result = service.prune_history(  # 20 days, then the batches after minutes 21 and 22: past 21 minutes
-        instance, cutoffs=service.Cutoffs.at(utc_now()), batch_size=10, max_runtime=dt.timedelta(minutes=21),
-        clock=clock,
+        instance, service.Limits(service.Cutoffs.at(utc_now()), batch_size=10, max_runtime=dt.timedelta(minutes=21)),
+        service.Hooks(clock=lambda: clock().timestamp()),
     )
 
     assert (result.days_summarised, result.batch_counts, result.time_limit_reached) == (20, [10, 10], True)

@@ -324,8 +324,8 @@ def test_batch_statement_records_what_the_python_rule_gives_in_any_session_time_
     # Straight to the artifacts' database: PgBouncer refuses the ``options`` startup parameter.
     in_los_angeles = create_engine(direct_ci_url(stack), connect_args={"options": f"-c TimeZone={SESSION_TIME_ZONE}"})
     try:
-        result = service.run_bucket_worker(in_los_angeles, redis_client, S, bucket=0, now=lambda: RULE_NOW,
-                                           flags_engine=on(engine, "feature_gates"))
+        result = service.run_bucket_worker(in_los_angeles, redis_client, S, hooks=service.Hooks(now=lambda: RULE_NOW),
+                                           bucket=0, flags_engine=on(engine, "feature_gates"))
     finally:
         in_los_angeles.dispose()
     assert ids(engine, "ci_job_artifacts") == [] and len(made) == len(before)

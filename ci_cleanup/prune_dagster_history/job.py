@@ -15,6 +15,7 @@ from dagster import Config, DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..lease import Lease
 from ..resources import GitLabRedis, RunOptions
@@ -24,7 +25,7 @@ from . import service
 # Two prune runs at once would write a day's totals twice: a lease, on the same Redis as the others' leases.
 LEASE_KEY = "ci_cleanup:prune_dagster_history"
 LEASE_TTL_SECONDS = 60 * 60
-MAX_RUNTIME_MINUTES = 30
+MAX_RUNTIME_MINUTES = int(service.MAX_RUNTIME.total_seconds() // 60)
 STATEMENT_TIMEOUT_MS = 60_000  # one statement deletes one run's events; a run of 100 k events fits
 ASSET = ("dagster", "runs")
 # The keep times for every run, scheduled or launched by hand, where the code location runs; run config overrides.
@@ -74,11 +75,9 @@ def keep_times(config: PruneDagsterHistoryConfig) -> tuple[int, int]:
 @dataclass(frozen=True)
 class PrunePlan:
     start: Start
-    now: dt.datetime
+    limits: service.Limits
     keep_days: int
     keep_failed_days: int
-    batch_size: int
-    max_runtime_minutes: int
     old_runs: dict[str, int] = field(default_factory=dict)  # by status, at the start
     would: dict = field(default_factory=dict)  # dry run: the runs that would go, the days that would be summarised
 
@@ -124,9 +123,8 @@ def find_old_runs(
         {**begun.metadata, "old_runs": sum(old_runs.values()), "old_runs_by_status": old_runs,
          "cutoff_finished": cutoffs.finished.isoformat(), "cutoff_failed": cutoffs.failed.isoformat()}
     )
-    return PrunePlan(
-        begun, now, keep_days, keep_failed_days, config.batch_size, config.max_runtime_minutes, old_runs, would
-    )
+    limits = service.Limits(cutoffs, config.batch_size, dt.timedelta(minutes=config.max_runtime_minutes))
+    return PrunePlan(begun, limits, keep_days, keep_failed_days, old_runs, would)
 
 
 @dataclass(frozen=True)
@@ -145,11 +143,7 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan) -> Pruned:
         observe(context, ASSET, {"runs_deleted": len(run_ids), "events_deleted": events})
 
     with pooled(context.instance) as instance:
-        result = service.prune_history(
-            instance, cutoffs=service.Cutoffs.at(plan.now, plan.keep_days, plan.keep_failed_days),
-            batch_size=plan.batch_size, max_runtime=dt.timedelta(minutes=plan.max_runtime_minutes), clock=utc_now,
-            on_batch=on_batch, brake=plan.start.brake,
-        )
+        result = service.prune_history(instance, plan.limits, Hooks(on_batch, brake=plan.start.brake))
     if result.resumed_run_ids:
         resumed = len(result.resumed_run_ids)
         context.log.warning(f"Finished deleting {resumed} runs whose deletion an interrupted prune run had started")
@@ -161,7 +155,8 @@ def report_pruned_runs(context: OpExecutionContext, pruned: Pruned) -> None:
     """The run's totals, and the lease given back (a dry run's: the runs that would go)."""
     plan, result = pruned.plan, pruned.result
     if result.time_limit_reached:
-        context.log.warning(f"Stopped after {plan.max_runtime_minutes} minutes; the rest goes in the next run")
+        minutes = int(plan.limits.max_runtime.total_seconds() // 60)
+        context.log.warning(f"Stopped after {minutes} minutes; the rest goes in the next run")
     kept = service.oldest_kept(context.instance)
     finish(
         context, plan.start,

@@ -38,12 +38,13 @@ from dagster._core.events import AssetObservationData
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from sqlalchemy import func, select
 
-from ..gitlab.loop_helpers import Brake, LoopEnd, loop_until
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, LoopEnd, loop_until
 from ..runs import ROWS_CHANGED_TAG  # every job's headline number, summed per day
 
 KEEP_DAYS = 30
 KEEP_FAILED_DAYS = 90  # failures are what an operator looks back at
 BATCH_SIZE = 100
+MAX_RUNTIME = dt.timedelta(minutes=30)  # well inside the lease's hour: run monitoring fails one that outlives it
 
 S, F = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE
 DELETED_AFTER_KEEP_DAYS = (S, DagsterRunStatus.CANCELED)
@@ -280,27 +281,28 @@ def delete_batch(instance: DagsterInstance, run_ids: list[str]) -> int:
     return events
 
 
-def prune_history(
-    instance: DagsterInstance,
-    *,
-    cutoffs: Cutoffs,
-    batch_size: int = BATCH_SIZE,
-    max_runtime: dt.timedelta,
-    clock: Callable[[], dt.datetime],
-    on_batch: Callable[[list[str], int], None] = lambda run_ids, events: None,
-    brake: Brake | None = None,
-) -> PruneResult:
+@dataclass(frozen=True)
+class Limits:
+    cutoffs: Cutoffs
+    batch_size: int = BATCH_SIZE
+    max_runtime: dt.timedelta = MAX_RUNTIME
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+
+def prune_history(instance: DagsterInstance, limits: Limits, hooks: Hooks = NO_HOOKS) -> PruneResult:
     """Finish an interrupted batch, write the daily totals, then delete old runs batch by batch, oldest first.
 
     Each day's totals and each batch is one step of GitLab's ``loop_until``: no step starts once ``max_runtime``
-    has passed since ``clock()`` was first read; runs of a day whose totals are not written yet are never deleted.
+    has passed since ``hooks.clock()`` was first read; runs of a day whose totals are not written yet are never
+    deleted. ``hooks.on_batch`` gets each batch's run ids and its events deleted.
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
     result = PruneResult(resumed_run_ids=resume_interrupted_batch(instance))
-    steps = _steps(instance, cutoffs, batch_size, result, on_batch)
-    end = loop_until(lambda: next(steps, False), timeout=max_runtime.total_seconds(), brake=brake,
-                     clock=lambda: clock().timestamp())
+    steps = _steps(instance, limits.cutoffs, limits.batch_size, result, hooks.on_batch)
+    end = loop_until(lambda: next(steps, False), timeout=limits.max_runtime.total_seconds(), brake=hooks.brake,
+                     clock=hooks.clock)
     result.time_limit_reached = end is LoopEnd.TIMEOUT
     return result
 

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, skipped, start
 from ..gitlab import artifact_buckets, limited_capacity
+from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, table, track_exception
@@ -90,8 +91,7 @@ def schedule_buckets(
         with gitlab_db.engine_for(schema.ci_job_artifacts).connect() as conn:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds),
-                            begun.brake)
+    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds))
     if not flags.enabled:
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")
@@ -150,9 +150,9 @@ def run_bucket_workers(
 
         def perform_work(bucket: int, hand_over, stop) -> service.WorkerResult:
             return service.run_bucket_worker(
-                engine, gitlab_redis.artifact_buckets, schema, bucket=bucket, limits=plan.limits,
-                hooks=service.Hooks(on_batch=lambda claimed, batch: hand_over(batch), stop=stop),
-                flags_engine=flags_engine,
+                engine, gitlab_redis.artifact_buckets, schema, plan.limits,
+                Hooks(on_batch=lambda claimed, batch: hand_over(batch), brake=plan.start.brake, stop=stop),
+                bucket=bucket, flags_engine=flags_engine,
             )
 
         results = limited_capacity.perform_with_capacity(workers, perform_work, limited_capacity.Hooks(

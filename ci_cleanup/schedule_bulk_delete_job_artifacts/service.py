@@ -9,8 +9,6 @@ stored files in ``ci_deleted_objects`` for :mod:`.files` to remove.
 from __future__ import annotations
 
 import datetime as dt
-import threading
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -19,8 +17,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..gitlab import artifact_buckets
 from ..gitlab.batching import autocommit
-from ..gitlab.loop_helpers import Brake, loop_until
-from ..gitlab.schema import GitLabSchema, utc_now
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
+from ..gitlab.schema import GitLabSchema
 from ..gitlab.sql_files import SqlFile
 
 FEATURE_FLAG = "bulk_delete_job_artifacts"
@@ -116,13 +114,9 @@ class Limits:
     batch_size: int = BATCH_SIZE
     max_batches: int = MAX_BATCHES
     max_runtime: dt.timedelta = MAX_RUNTIME
-    brake: Brake | None = None  # the run's (RunOptions.duty_cycle): each worker pauses after its batches
 
 
-@dataclass(frozen=True)
-class Hooks:
-    on_batch: Callable[[int, DeletedBatch], None] = lambda bucket, batch: None  # after each batch that deleted
-    stop: threading.Event | None = None  # set: the run is terminated; no batch starts after it
+DEFAULT_LIMITS = Limits()  # GitLab's
 
 
 @dataclass
@@ -137,7 +131,7 @@ class WorkerResult:
     artifacts_empty: bool = False  # the bucket had nothing left to delete
     terminated_early_due_to_scale_down: bool = False
     stopped_by_feature_flag: bool = False
-    stopped: bool = False  # told to stop (``Hooks.stop``: the run was terminated) before its work was done
+    stopped: bool = False  # told to stop (``hooks.stop``: the run was terminated) before its work was done
     released: bool = False  # back to available (False: retired, or not claimed)
 
     def goes_on(self, flags: Flags) -> bool:
@@ -154,25 +148,25 @@ class WorkerResult:
 
 
 def run_bucket_worker(
-    engine: Engine, client: redis.Redis, schema: GitLabSchema, *, bucket: int | None = None,
-    limits: Limits = Limits(), hooks: Hooks = Hooks(), flags_engine: Engine | None = None,
-    now: Callable[[], dt.datetime] = utc_now,
+    engine: Engine, client: redis.Redis, schema: GitLabSchema, limits: Limits = DEFAULT_LIMITS,
+    hooks: Hooks = NO_HOOKS, *, bucket: int | None = None, flags_engine: Engine | None = None,
 ) -> WorkerResult:
     """``perform_work``: claim a bucket (``bucket``, or any free one), delete its expired artifacts batch after
-    batch within ``limits`` or until ``hooks.stop`` is set, release it.
+    batch within ``limits`` or until ``hooks.stop`` is set, release it. ``hooks.on_batch`` gets the bucket and each
+    batch that deleted.
 
     The flags are read again before each batch: by the batch's own statement, or from ``flags_engine`` when given
     (GitLab's main database, where ``feature_gates`` is, when the artifacts are in ci). There is no ``finally``
     release: a worker that raises keeps its bucket occupied until stale recovery, as GitLab's does, so a bucket is
     never handed out while a dead worker's transaction may linger.
     """
-    result = WorkerResult(mod_bucket=artifact_buckets.claim(client, now(), bucket))
+    result = WorkerResult(mod_bucket=artifact_buckets.claim(client, hooks.now(), bucket))
     if result.mod_bucket is None:
         return result
     with ExitStack() as connections:
         conn = connections.enter_context(autocommit(engine))
         flags_conn = None if flags_engine is None else connections.enter_context(autocommit(flags_engine))
-        flags = _delete_batches(conn, flags_conn, schema, result, limits, hooks, now)
+        flags = _delete_batches(conn, flags_conn, schema, result, limits, hooks)
         flags = flags or read_flags(flags_conn or conn, schema)  # stopped before any batch: read for the release
     result.released = artifact_buckets.release(client, result.mod_bucket, flags.max_buckets)
     return result
@@ -180,7 +174,7 @@ def run_bucket_worker(
 
 def _delete_batches(
     conn: Connection, flags_conn: Connection | None, schema: GitLabSchema, result: WorkerResult, limits: Limits,
-    hooks: Hooks, now: Callable[[], dt.datetime],
+    hooks: Hooks,
 ) -> Flags | None:
     """The worker's ``loop_until``; returns the flags last read (None: it stopped before reading any)."""
     flags, after = None, START
@@ -194,7 +188,7 @@ def _delete_batches(
             flags = read_flags(flags_conn, schema)
             if not result.goes_on(flags):
                 return False
-        deleted = delete_batch(conn, schema, result.mod_bucket, now(), limits.batch_size, after,
+        deleted = delete_batch(conn, schema, result.mod_bucket, hooks.now(), limits.batch_size, after,
                                None if flags_conn is None else flags)
         flags = deleted.flags
         if not result.goes_on(flags):  # the batch read them and deleted nothing
@@ -205,5 +199,5 @@ def _delete_batches(
         result.artifacts_empty = deleted.count < limits.batch_size
         return not result.artifacts_empty
 
-    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=limits.brake)
+    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=hooks.brake)
     return flags
