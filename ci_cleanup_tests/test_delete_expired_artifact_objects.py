@@ -5,6 +5,7 @@ loopback, started and stopped here. Every test asserts the exact rows and the ex
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import urllib.request
 
@@ -18,11 +19,17 @@ from sqlalchemy.engine import make_url
 from ci_cleanup.gitlab.config_files import ENV_CONFIG_DIR
 from ci_cleanup.gitlab.object_storage import ENV_PREFIX
 from ci_cleanup.gitlab.schema import utc_now
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import ARTIFACTS_ROOT_ENV, delete_expired_artifact_files
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    ARTIFACTS_ROOT_ENV,
+    delete_expired_artifact_files,
+    schedule_bulk_delete_job_artifacts,
+)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 
 from .factories import S, ago, create, ids, row
 from .harness import free_port
 from .runner import op_metadata, run_job, step_failure_message
+from .test_schedule_bulk_delete_job_artifacts import artifact, enable
 
 REPORT, PLAN = "report_removed_artifact_files", "plan_artifact_file_removal"
 KEY_ID, SECRET = "AKIAIOSFODNN7CICLEAN", "wJalrXUtnFEMI-ci-cleanup-secret-never-shown"
@@ -303,3 +310,47 @@ def test_object_store_false_in_run_config_leaves_the_rows_and_the_objects(
     report = op_metadata(result, REPORT)
     assert (report["object_storage_left"], report["object_storage_left_why"]) == (
         1, "object_store is false in this run's config")
+
+
+def test_an_artifact_on_object_storage_deleted_by_the_bulk_delete_loses_its_object_where_gitlab_stored_it(
+    stack, engine, redis_client, s3, s3_endpoint, tmp_path, monkeypatch
+):
+    """End to end: the expired artifact (file_store 2) is deleted by schedule_bulk_delete_job_artifacts, which queues
+    its file; this job removes the object at the key GitLab's JobArtifactUploader stored it under: the bucket
+    prefix, then the hashed path sha256(project_id) h[0:2]/h[2:4]/h/<created_at day>/<job_id>/<id>, then its file.
+    A direct upload's file_final_path is its key under the prefix as it stands."""
+    gitlab_yml(stack, tmp_path, monkeypatch, consolidated(s3_endpoint, f"{BUCKET}/gl"))
+    enable(engine, FEATURE_FLAG)
+    created_at = dt.datetime(2024, 6, 1, 8, tzinfo=dt.UTC)
+    hashed = artifact(engine, bucket=2, project_id=5, job_id=77, created_at=created_at, file="artifacts.zip",
+                      file_store=2)
+    final = artifact(engine, bucket=3, project_id=5, job_id=78, created_at=created_at, file="artifacts.zip",
+                     file_store=2, file_final_path="@final/1a/2b/3c4d5e")
+    digest = hashlib.sha256(b"5").hexdigest()
+    expected = {put(s3, BUCKET, f"gl/{digest[:2]}/{digest[2:4]}/{digest}/2024_06_01/77/{hashed}/artifacts.zip"),
+                put(s3, BUCKET, "gl/@final/1a/2b/3c4d5e")}
+    kept = put(s3, BUCKET, f"gl/{digest[:2]}/{digest[2:4]}/{digest}/2024_06_01/79/1/artifacts.zip")
+
+    run_job(schedule_bulk_delete_job_artifacts, stack)
+    assert ids(engine, "ci_job_artifacts") == [] and keys(s3, BUCKET) == expected | {kept}
+    ids_before = ids(engine, "ci_deleted_objects")
+    assert len(ids_before) == 2 and final != hashed
+    result, _ = run(stack)
+
+    assert ids(engine, "ci_deleted_objects") == [] and keys(s3, BUCKET) == {kept}
+    assert sorted(op_metadata(result, REPORT)["objects_removed_ids"]) == ids_before
+
+
+def test_an_unreachable_endpoint_fails_each_row_naming_it_and_keeps_them_for_retry(
+    stack, engine, redis_client, s3, tmp_path, monkeypatch
+):
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gitlab_yml(stack, tmp_path, monkeypatch, per_type(closed, BUCKET))
+    rows = [queued(engine, f"ab/{i}") for i in range(2)]
+    result, shown = run(stack)
+    assert ids(engine, "ci_deleted_objects") == rows
+    assert all(pick_up_at(engine, i) > utc_now() + dt.timedelta(minutes=9) for i in rows)
+    report = op_metadata(result, REPORT)
+    assert (report["status"], report["objects_failed"], report["rows_changed"]) == ("success", 2, 0)
+    assert report["objects_failures"][0].endswith(f"in bucket '{BUCKET}' at {closed}: EndpointConnectionError")
+    assert SECRET not in shown
