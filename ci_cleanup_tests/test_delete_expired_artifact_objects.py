@@ -266,8 +266,11 @@ def test_a_provider_not_supported_is_said_in_one_line_and_its_rows_are_left_unto
     key = put(s3, BUCKET, "77/88/z/artifacts.zip")
     before = pick_up_at(engine, left)
 
+    would = op_metadata(run(stack, dry_run=True)[0], REPORT)
     result, shown = run(stack)
 
+    assert (would["would_leave_in_object_storage"], would["object_storage_left_why"]) == (
+        1, f"object storage provider {provider!r} is not supported (only AWS and S3-compatible)")
     assert ids(engine, "ci_deleted_objects") == [left] and pick_up_at(engine, left) == before
     assert keys(s3, BUCKET) == {key}
     report = op_metadata(result, REPORT)

@@ -396,8 +396,7 @@ def report_removed_artifact_files(context: OpExecutionContext, removed: FilesRem
     """The run's totals: files and objects removed, rows left and why (a dry run's: what a run would remove, leave
     and refuse)."""
     plan, result = removed.plan, removed.result
-    object_storage_left = result.object_storage
-    failed = result.refused + result.objects_failed
+    left = result.object_storage or plan.would.get(WOULD["object_storage"])  # a dry run's: would be left
     finish(
         context, plan.start,
         {
@@ -407,16 +406,16 @@ def report_removed_artifact_files(context: OpExecutionContext, removed: FilesRem
             "objects_removed": len(result.objects_removed),
             "objects_missing": len(result.objects_missing),
             "objects_failed": len(result.objects_failed),
-            "object_storage_left": object_storage_left,
+            "object_storage_left": result.object_storage,
             "local_left_without_root": result.no_root,
             "refused_count": len(result.refused),
-            ROWS_WITH_ERRORS: len(failed),
+            ROWS_WITH_ERRORS: len(result.refused) + len(result.objects_failed),
             "refused": _ids_and_reasons(result.refused),
             "objects_removed_ids": result.objects_removed[:MAX_IDS_REPORTED],
             "objects_missing_ids": result.objects_missing[:MAX_IDS_REPORTED],
             "objects_failed_ids": [i for i, _ in result.objects_failed[:MAX_IDS_REPORTED]],
             "objects_failures": _ids_and_reasons(result.objects_failed),
-            "object_storage_left_why": plan.object_storage_left if object_storage_left else "",
+            "object_storage_left_why": plan.object_storage_left if left else "",
             "batches": result.batches,
             "due_count": sum(plan.due_by_store.values()),
             "due_object_storage": plan.due_by_store.get(FILE_STORE_REMOTE, 0),
