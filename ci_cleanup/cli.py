@@ -394,7 +394,9 @@ def run_jobs(
             # Dagster's console would print each failure's traceback: print_runs shows its one line instead.
             run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
             if artifacts_root and job.name == "delete_expired_artifact_files":
-                run_config["ops"] = {"plan_artifact_file_removal": {"config": {"artifacts_root": artifacts_root}}}
+                # the demo's own files: its object-storage rows never reach the operator's configured store
+                run_config["ops"] = {"plan_artifact_file_removal": {"config": {
+                    "artifacts_root": artifacts_root, "object_store": False}}}
             result = job.execute_in_process(
                 run_config=run_config, resources=resources, instance=instance, raise_on_error=False,
             )

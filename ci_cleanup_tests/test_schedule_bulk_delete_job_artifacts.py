@@ -970,26 +970,32 @@ def test_files_job_without_a_root_leaves_local_rows(stack, engine, redis_client,
 
 def test_files_batches_send_their_files_text_and_page_past_the_rows_they_leave(stack, engine, redis_client, tmp_path):
     """Each batch: next_due_deleted_objects.sql (locked), then delete_removed_deleted_objects.sql for the rows whose
-    file is gone; the object-storage row is left and not taken again. A dry run: count_due_ and preview_due_."""
+    file is gone; the object-storage row is left and not taken again. A dry run: count_due_ and preview_due_. A row
+    whose removal failed is put off by retry_deleted_objects_later.sql, in its batch's transaction."""
     paths = [stored_file(tmp_path, f"ab/cd/{i}") for i in range(3)]
     local = [deleted_object_row(engine, store_dir=f"ab/cd/{i}", pick_up_at=ago(hours=3 - i)) for i in range(3)]
     remote = deleted_object_row(engine, store_dir="ab/cd/r", file_store=2, pick_up_at=ago(hours=2, minutes=30))
+    refused = deleted_object_row(engine, store_dir="../x", pick_up_at=ago(minutes=30))
+    remote_pick_up_at = row(engine, "ci_deleted_objects", remote).pick_up_at
     deleted = on(engine, "ci_deleted_objects")
     sent = {name: sql.sent(S, deleted.dialect) for name, sql in [
         ("next", files.NEXT_DUE), ("delete", files.DELETE_REMOVED), ("count", files.COUNT_DUE),
-        ("preview", files.PREVIEW_DUE)]}
+        ("preview", files.PREVIEW_DUE), ("retry", files.RETRY_LATER)]}
     with statements_sent(deleted) as statements:
         with deleted.connect() as conn:
             due = files.count_due(conn, S, utc_now())
-            would = files.preview(conn, S, tmp_path, utc_now(), 10)
-        result = files.delete_expired_artifact_files(deleted, S, tmp_path, batch_size=2)
+            would = files.preview(conn, S, files.Storages(tmp_path), utc_now(), 10)
+        before = utc_now()
+        result = files.delete_expired_artifact_files(deleted, S, files.Storages(tmp_path), batch_size=2)
 
-    assert (due, would.removed, would.object_storage) == ({1: 3, 2: 1}, local, [remote])
-    assert (result.batches, result.removed, result.object_storage) == (2, 3, 1)
-    assert not any(p.exists() for p in paths) and ids(engine, "ci_deleted_objects") == [remote]
+    assert (due, would.removed, would.object_storage) == ({1: 4, 2: 1}, local, [remote])
+    assert (result.batches, result.removed, result.object_storage, len(result.refused)) == (3, 3, 1, 1)
+    assert not any(p.exists() for p in paths) and ids(engine, "ci_deleted_objects") == [remote, refused]
+    assert row(engine, "ci_deleted_objects", remote).pick_up_at == remote_pick_up_at
+    assert row(engine, "ci_deleted_objects", refused).pick_up_at >= before + files.RETRY_IN  # GitLab's RETRY_IN
     names = {sql: name for name, sql in sent.items()}
     assert [names.get(sql, sql) for _, sql, _ in statements] == [
-        "count", "preview", "next", "delete", "next", "delete", "next"]
+        "count", "preview", "next", "delete", "next", "delete", "next", "retry", "next"]
     assert [params["ids"] for _, sql, params in statements if sql == sent["delete"]] == [local[:1], local[1:]]
 
 
@@ -1038,14 +1044,17 @@ def test_files_job_dry_run_removes_nothing(stack, engine, redis_client, tmp_path
     assert path.exists() and ids(engine, "ci_deleted_objects") == rows
     would = op_metadata(result, FILES_REPORT)
     assert {k: v for k, v in would.items() if isinstance(v, int)} == {  # what would change, first, read as words
-        "would_remove_files": 1, "would_drop_rows_of_missing_files": 1, "would_leave_in_object_storage": 1,
+        "would_remove_files": 1, "would_drop_rows_of_missing_files": 1, "would_delete_objects": 0,
+        "would_drop_rows_of_missing_objects": 0, "would_fail_objects": 0, "would_leave_in_object_storage": 1,
         "would_leave_without_root": 0, "would_refuse_count": 1, ROWS_CHANGED: 0, "files_removed": 0,
-        "files_missing": 0, "object_storage_left": 0, "local_left_without_root": 0, "refused_count": 0,
+        "files_missing": 0, "objects_removed": 0, "objects_missing": 0, "objects_failed": 0,
+        "object_storage_left": 0, "local_left_without_root": 0, "refused_count": 0,
         ROWS_WITH_ERRORS: 0, "batches": 0, "due_count": 4, "due_object_storage": 1,
     }
-    assert list(would)[:7] == [
-        "would_remove_files", "would_drop_rows_of_missing_files", "would_leave_in_object_storage",
-        "would_leave_without_root", "would_refuse_count", "would_delete_row_ids", "object_storage_ids",
+    assert list(would)[:10] == [
+        "would_remove_files", "would_drop_rows_of_missing_files", "would_delete_objects",
+        "would_drop_rows_of_missing_objects", "would_fail_objects", "would_leave_in_object_storage",
+        "would_leave_without_root", "would_refuse_count", "would_delete_row_ids", "would_delete_object_keys",
     ]
     assert would["would_delete_row_ids"] == rows[:2]
     assert op_metadata(result, FILES_REPORT)["status"] == "dry run"
