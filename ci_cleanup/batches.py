@@ -24,6 +24,7 @@ from .environments_auto_stop import job as stop_job
 from .gitlab.schema import GitLabSchema
 from .prune_dagster_history import job as prune_job
 from .schedule_bulk_delete_job_artifacts import demo as artifacts_demo
+from .schedule_bulk_delete_job_artifacts import files_job
 from .schedule_bulk_delete_job_artifacts import job as artifacts_job
 from .stale_runner_machines_cleanup import demo as stale_demo
 from .stale_runner_machines_cleanup import job as stale_job
@@ -71,7 +72,7 @@ BATCHES = (
           "report_destroyed_job_artifacts", artifacts_job.ARTIFACTS,
           "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket",
           demo=artifacts_demo.seed),  # its rows include the stored files delete_expired_artifact_files removes
-    Batch(artifacts_job.delete_expired_artifact_files, artifacts_job.delete_expired_artifact_files_schedule,
+    Batch(files_job.delete_expired_artifact_files, files_job.delete_expired_artifact_files_schedule,
           "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),
     Batch(prune_job.prune_dagster_history, prune_job.prune_dagster_history_schedule, "report_pruned_runs",

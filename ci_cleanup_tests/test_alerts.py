@@ -191,7 +191,7 @@ def test_a_job_skipped_three_runs_in_a_row_on_a_held_lease_is_alerted(stack, eng
 
 def test_rows_a_green_run_stepped_over_are_alerted(stack, engine, redis_client, webhook, tmp_path):
     """A ci_deleted_objects row through a symbolic link is refused and kept; the run goes on and is green."""
-    from ci_cleanup.schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files
+    from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
     from ci_cleanup.sensors import rows_with_errors_alert
 
     from .factories import ago, create, ids

@@ -19,11 +19,8 @@ from sqlalchemy.engine import make_url
 from ci_cleanup.gitlab.config_files import ENV_CONFIG_DIR
 from ci_cleanup.gitlab.object_storage import ENV_PREFIX
 from ci_cleanup.gitlab.schema import utc_now
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
-    ARTIFACTS_ROOT_ENV,
-    delete_expired_artifact_files,
-    schedule_bulk_delete_job_artifacts,
-)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import ARTIFACTS_ROOT_ENV, delete_expired_artifact_files
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 
 from .factories import S, ago, create, ids, row

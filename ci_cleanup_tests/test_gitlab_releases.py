@@ -41,10 +41,8 @@ from ci_cleanup.gitlab.schema import (
     where_present,
 )
 from ci_cleanup.gitlab.sidekiq_status import status_key
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
-    delete_expired_artifact_files,
-    schedule_bulk_delete_job_artifacts,
-)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 

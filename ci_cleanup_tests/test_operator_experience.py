@@ -13,10 +13,8 @@ from ci_cleanup.gitlab.schema import gitlab_schema
 from ci_cleanup.prune_dagster_history.job import prune_dagster_history
 from ci_cleanup.resources import DUTY_CYCLE_ENV
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_CHANGED_TAG
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
-    delete_expired_artifact_files,
-    schedule_bulk_delete_job_artifacts,
-)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 

@@ -36,10 +36,8 @@ from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
 from ci_cleanup.resources import job_resources, redact_redis_url
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
-    delete_expired_artifact_files,
-    schedule_bulk_delete_job_artifacts,
-)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import FEATURE_FLAG
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs

@@ -26,11 +26,13 @@ from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_WITH_ERRORS
 from ci_cleanup.schedule_bulk_delete_job_artifacts import files, service
-from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import (
     ARTIFACTS_ROOT_ENV,
-    STOPPING,
     delete_expired_artifact_files,
     delete_expired_artifact_files_schedule,
+)
+from ci_cleanup.schedule_bulk_delete_job_artifacts.job import (
+    STOPPING,
     schedule_bulk_delete_job_artifacts,
     schedule_bulk_delete_job_artifacts_schedule,
 )
@@ -986,7 +988,7 @@ def test_files_batches_send_their_files_text_and_page_past_the_rows_they_leave(s
             due = files.count_due(conn, S, utc_now())
             would = files.preview(conn, S, files.Storages(tmp_path), utc_now(), 10)
         before = utc_now()
-        result = files.delete_expired_artifact_files(deleted, S, files.Storages(tmp_path), batch_size=2)
+        result = files.delete_expired_artifact_files(deleted, S, files.Storages(tmp_path), files.Limits(batch_size=2))
 
     assert (due, would.removed, would.object_storage) == ({1: 4, 2: 1}, local, [remote])
     assert (result.batches, result.removed, result.object_storage, len(result.refused)) == (3, 3, 1, 1)

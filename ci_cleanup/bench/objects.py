@@ -32,7 +32,7 @@ from ..devstack import EmbeddedStack
 from ..gitlab.object_storage import ENV_PREFIX
 from ..gitlab.schema import create_schema
 from ..resources import job_resources
-from ..schedule_bulk_delete_job_artifacts.job import delete_expired_artifact_files
+from ..schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
 
 BUCKET, PREFIX = "gitlab-artifacts", "bench"
 SEED = (

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Connection, Engine
 
-from ..gitlab.loop_helpers import Brake, loop_until
+from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
 from ..gitlab.object_storage import ObjectFailed, S3Objects
 from ..gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, utc_now
 from ..gitlab.sql_files import SqlFile
@@ -283,33 +283,35 @@ def preview(conn: Connection, schema: GitLabSchema, storages: Storages, now: dt.
     return batch
 
 
+@dataclass(frozen=True)
+class Limits:
+    batch_size: int = BATCH_SIZE
+    max_batches: int = MAX_BATCHES
+
+
+DEFAULT_LIMITS = Limits()  # GitLab's
+
+
 def delete_expired_artifact_files(
-    engine: Engine,
-    schema: GitLabSchema,
-    storages: Storages,
-    *,
-    batch_size: int = BATCH_SIZE,
-    max_batches: int = MAX_BATCHES,
-    brake: Brake | None = None,
-    on_batch: Callable[[FilesBatch], None] = lambda batch: None,
-    report_error: Callable[[int, BaseException], None] = lambda row_id, error: None,
+    engine: Engine, schema: GitLabSchema, storages: Storages, limits: Limits = DEFAULT_LIMITS,
+    hooks: Hooks = NO_HOOKS,
 ) -> FilesResult:
     """Drain the due rows, batch after batch, until none is left or ``max_batches`` is reached, on the run's one
     connection. Not an autocommit one: a batch is a transaction of several statements (its rows stay locked while
-    their files are removed)."""
+    their files are removed). ``hooks.on_batch`` gets each batch."""
     result = FilesResult()
-    started = utc_now()  # one cut-off for the run, so paging by pick_up_at ends
+    started = hooks.now()  # one cut-off for the run, so paging by pick_up_at ends
     after: tuple[str, int] | None = FIRST_PAGE
 
     def batch() -> bool:
         nonlocal after
-        done, after = destroy_batch(conn, schema, storages, started, after, batch_size, report_error)
+        done, after = destroy_batch(conn, schema, storages, started, after, limits.batch_size, hooks.report_error)
         if after is None:
             return False
         result.add(done)
-        on_batch(done)
+        hooks.on_batch(done)
         return True
 
     with engine.connect() as conn:
-        loop_until(batch, limit=max_batches, brake=brake)
+        loop_until(batch, limit=limits.max_batches, brake=hooks.brake)
     return result
