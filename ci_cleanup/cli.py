@@ -107,15 +107,18 @@ def workshop(needed_by: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name != "ci_cleanup_dev":
             raise
-        raise CliError(f"{needed_by} needs the development install (ci_cleanup_dev: make dev, or pip install -e "
-                       "'.[embedded]' in the repository), which this one is not") from None
+        raise CliError(f"{needed_by} needs the development install (ci_cleanup_dev), which this one lacks: make dev, "
+                       "or pip install -e '.[embedded]' in the repository") from None
 
 
 @contextlib.contextmanager
-def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
+def embedded_stack(data_dir, why: str = "") -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
     """The embedded stack for as long as the block runs (shared, and left running, if another command started it)."""
-    devstack = workshop(f"With no {DATABASE} / {REDIS} set, the embedded stack")
+    devstack = workshop(f"With no {CONFIG_DIR}, {DATABASE} or {REDIS} set, the embedded stack")
     from ci_cleanup_dev.ddl import create_schema
+
+    if why:
+        print(why, flush=True)
 
     data_dir = data_dir or devstack.DEFAULT_DIR
     print(f"Embedded stack (PostgreSQL and Redis) in {data_dir}", flush=True)
@@ -145,8 +148,7 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], Embedd
         yield {v: os.environ[v] for v in (*URL_VARS, CI_DATABASE) if os.environ.get(v)}, None
         return
     if not configured:
-        print(f"No {DATABASE} / {REDIS}: using the embedded stack", flush=True)
-        with embedded_stack(data_dir) as servers:
+        with embedded_stack(data_dir, f"No {DATABASE} / {REDIS}: using the embedded stack") as servers:
             yield servers
         return
     missing = [v for v in NEEDS[command] if not os.environ.get(v)]
@@ -804,7 +806,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.command in WORKSHOP_COMMANDS:  # one line, before anything starts, where ci_cleanup_dev is not installed
-            args.data_dir = args.data_dir or workshop(f"`ci-cleanup {args.command}`").DEFAULT_DIR
+            args.data_dir = args.data_dir or workshop("This command").DEFAULT_DIR
         if args.command == "dev":
             require_free_port(args.port)  # before any server starts
         if args.command == "sidekiq-cron":  # GitLab's own Redis, found as a run finds it: no stack to start
