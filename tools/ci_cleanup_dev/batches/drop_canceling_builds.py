@@ -44,7 +44,7 @@ def seed(
     conn.execute(insert(schema.ci_builds), rows)
 
 
-# -- the benchmark: the job's service, a raw SQL loop, a per-row loop (bench/jobs.py) --------------------
+# -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 CANCELING = "type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff"
 

@@ -67,7 +67,7 @@ def seed(
         ))
 
 
-# -- the benchmark: the job's service, a raw SQL loop, a per-row loop (bench/jobs.py) --------------------
+# -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
 ENVS_MAX_LOOPS = 10_000

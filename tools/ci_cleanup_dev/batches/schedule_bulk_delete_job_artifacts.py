@@ -93,7 +93,7 @@ def write_stored_files(conn: Connection, schema: GitLabSchema, root: Path) -> in
     return len(stored)
 
 
-# -- the benchmark: the job's service, a raw SQL loop, a per-row loop (bench/jobs.py) --------------------
+# -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 EXPIRED = "expire_at < :now AND file_type <> 3 AND locked = 0"
 

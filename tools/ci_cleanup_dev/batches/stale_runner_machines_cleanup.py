@@ -50,7 +50,7 @@ def seed(
     conn.execute(insert(schema.ci_runner_machines), rows)
 
 
-# -- the benchmark: the job's service, a raw SQL loop, a per-row loop (bench/jobs.py) --------------------
+# -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
 STALE_MAX_DELETIONS = 100_000

@@ -64,7 +64,7 @@ def seed(
             ])
 
 
-# -- the benchmark: the job's service, a raw SQL loop, a per-row loop (bench/jobs.py) --------------------
+# -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 def exports_job(engine, client, on_batch):
     with engine.connect() as conn:  # the job's first op
