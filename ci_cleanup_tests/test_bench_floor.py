@@ -12,12 +12,13 @@ import threading
 import pytest
 from sqlalchemy import create_engine, text
 
-from ci_cleanup.bench import launched, seed, statements
-from ci_cleanup.bench.floor import FLOORS, connect
-from ci_cleanup.bench.jobs import BY_NAME
-from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 from ci_cleanup.gitlab import sidekiq_status
-from ci_cleanup.gitlab.schema import create_schema, utc_now
+from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup_dev.batches import BY_NAME, FLOORS
+from ci_cleanup_dev.bench import launched, seed, statements
+from ci_cleanup_dev.bench.floor import connect
+from ci_cleanup_dev.ddl import create_schema
+from ci_cleanup_dev.devstack import DAGSTER_YAML, EmbeddedStack
 
 from .harness import gitlab_database
 
@@ -310,7 +311,7 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
     assert _rows(engine, "SELECT count(*) FROM ci_pending_builds") == [(0,)]
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-    from ci_cleanup.bench.bare_job import NAME
+    from ci_cleanup_dev.bench.bare_job import NAME
 
     with DagsterInstance.get() as instance:  # this test's runs leave the shared Dagster database as they found it
         bare = instance.get_run_records(RunsFilter(job_name=NAME))
@@ -324,7 +325,7 @@ def test_launched_job_leaves_the_tables_its_floor_leaves(bench_db, redis_client,
 
 def test_deployed_section_is_replaced_not_repeated():
     """``bench --deployed`` rewrites only its own section: the paired rounds' median ratio and the figure line."""
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     figures = launched.Launched("drop_canceling_builds", 100)
     figures.seconds["job"], figures.seconds[launched.DEPLOYED] = [10.0, 20.0, 10.0], [11.0, 20.0, 15.0]
@@ -344,7 +345,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
     bare job's."""
     from argparse import Namespace
 
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     quick = launched.Launched("stuck_export_jobs", 100, rows=100, batches=1)
     # Work, round by round: 9 / 6, 10 / 8, 12 / 9 -> 1.33; from the medians, (12 − 2) / 8 = 1.25.
@@ -398,7 +399,7 @@ def test_headline_section_ends_with_the_worst_jobs_work_against_its_floor_and_st
 def test_a_release_line_is_replaced_not_repeated_and_outlives_the_headlines_rewrite():
     """``bench --launched --release R`` writes R's line of its section (made after the headline's when missing);
     another release's line stays, and so does the section when ``--launched`` rewrites the headline."""
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     markdown = f"# Benchmarks\n\n{run.LAUNCHED_HEADING}\n\n| headline |\n\nwork_vs_floor_max=1.00\n\n## The services\n"
     once = run.with_release_line(markdown, "18.y", "- GitLab 18.y (`18.y.sql`): work_vs_floor_max=1.10")
@@ -417,7 +418,7 @@ def test_a_release_line_is_replaced_not_repeated_and_outlives_the_headlines_rewr
 def test_release_measures_the_headline_only(tmp_path):
     from argparse import Namespace
 
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     with pytest.raises(SystemExit, match="--release measures the headline only: add --launched"):
         run.main({}, Namespace(output="", launched=False, deployed=False, small=False, release="18.y"))
@@ -429,7 +430,7 @@ def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_p
     the headline) is named at once, not after the minutes of measuring (no database is even reached: env is empty)."""
     from argparse import Namespace
 
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     args = Namespace(output=str(tmp_path / "missing.md"), launched=mode == "launched", deployed=mode == "deployed",
                      small=False, release=None)
@@ -445,40 +446,40 @@ def test_a_section_run_into_a_file_it_cannot_update_stops_before_measuring(tmp_p
 def test_the_bench_sets_postgresql_from_the_memory_its_container_may_use(tmp_path, monkeypatch, limit, cap):
     """Omnibus' quarter of RAM for shared_buffers (a half for effective_cache_size), of the container's limit when
     it has one below the machine's RAM: a host's RAM would give a PostgreSQL more than it may touch."""
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import server
 
     (tmp_path / "memory.max").write_text(limit)
-    monkeypatch.setattr(run, "MEMORY_LIMITS", (str(tmp_path / "memory.max"), str(tmp_path / "missing")))
+    monkeypatch.setattr(server, "MEMORY_LIMITS", (str(tmp_path / "memory.max"), str(tmp_path / "missing")))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     usable = min(ram, cap) if cap else ram
 
-    assert run.memory_bytes() == usable
+    assert server.memory_bytes() == usable
     mb = usable // 2**20
-    assert run.omnibus_postgres() == {"shared_buffers": f"{mb // 4}MB", "effective_cache_size": f"{mb // 2}MB",
-                                      "work_mem": "16MB", "random_page_cost": "2",
-                                      "max_parallel_workers_per_gather": "0"}
+    assert server.omnibus_postgres() == {"shared_buffers": f"{mb // 4}MB", "effective_cache_size": f"{mb // 2}MB",
+                                         "work_mem": "16MB", "random_page_cost": "2",
+                                         "max_parallel_workers_per_gather": "0"}
 
 
 def test_the_bench_holds_its_postgresqls_heap_and_says_so(servers_dir, monkeypatch):
     """Restarted once with glibc's malloc held, not again when it has it; the report names it; the bench's own
     environment is left as it was."""
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import server
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the caller's own, restored after the restart
     with EmbeddedStack(servers_dir / "held_heap") as stack:
-        assert run.malloc_settings(stack.postgres_pid) == {"MALLOC_MMAP_THRESHOLD_": "65536"}
+        assert server.malloc_settings(stack.postgres_pid) == {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
-        run.hold_heap(stack)
+        server.hold_heap(stack)
         held = stack.postgres_pid
-        run.hold_heap(stack)
+        server.hold_heap(stack)
 
         assert stack.postgres_pid == held
         # The postmaster's: a backend is forked from it, with its malloc as set up (a backend's own /proc environ is
         # overwritten by its process title).
-        assert run.malloc_settings(held) == run.HELD_HEAP == {
+        assert server.malloc_settings(held) == server.HELD_HEAP == {
             "MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
-        assert run.postgres_settings(stack.url("postgres")).endswith(
+        assert server.postgres_settings(stack.url("postgres")).endswith(
             ", MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456")
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "65536" and "MALLOC_TRIM_THRESHOLD_" not in os.environ
 

@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
-from ci_cleanup.bench import seed
-from ci_cleanup.gitlab.schema import create_schema
+from ci_cleanup_dev.bench import seed
+from ci_cleanup_dev.ddl import create_schema
 
 from .harness import gitlab_database
 
@@ -84,14 +84,12 @@ def test_a_duplicate_found_when_the_indexes_are_built_rolls_the_whole_insert_bac
 
 def test_growing_the_bench_tables_builds_the_big_ones_indexes_after(scratch_database, monkeypatch):
     """``bench``'s grow: no transaction of its own stays open (its lock would block dropping the indexes)."""
-    from ci_cleanup.bench import run
-
     gitlab_database(scratch_database).dispose()
     engine = create_engine(scratch_database, connect_args={"options": "-c lock_timeout=10s"})
     with engine.connect() as conn:
         created = _catalog(conn)
     monkeypatch.setattr(seed, "REBUILD_FROM", 200)
-    run.grow(engine, 300, log=lambda line: None)  # builds and artifacts at once, the others (30) row by row
+    seed.grow(engine, 300, log=lambda line: None)  # builds and artifacts at once, the others (30) row by row
     with engine.connect() as conn:
         assert _catalog(conn) == created
         counts = {table: seed.rows_in(engine, table) for table in seed.INSERTS}
@@ -150,7 +148,7 @@ def test_the_newest_release_is_seeded_in_its_partitions_with_0016ea05s_indexes_w
 
 def test_a_release_bench_stops_on_a_database_that_holds_another_releases_tables(scratch_database):
     """create_schema leaves tables already there: the bench would measure 0016ea05's and call it 18.y's."""
-    from ci_cleanup.bench import run
+    from ci_cleanup_dev.bench import run
 
     engine = gitlab_database(scratch_database)  # 0016ea05's
     create_schema(engine, release="18.y")

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from ci_cleanup.bench import launched, traffic, workload
-from ci_cleanup.bench.floor import connect
-from ci_cleanup.bench.traffic import ALONE, CONTENDERS, LAUNCHED, JobTraffic, Sample
-from ci_cleanup.devstack import DAGSTER_YAML
+from ci_cleanup_dev.bench import launched, traffic, workload
+from ci_cleanup_dev.bench.floor import connect
+from ci_cleanup_dev.bench.traffic import ALONE, CONTENDERS, LAUNCHED, JobTraffic, Sample
+from ci_cleanup_dev.devstack import DAGSTER_YAML
 
 from .test_bench_floor import _rows
 from .test_bench_floor import bench_db as bench_db  # noqa: F401 (a fixture: a scratch database, seeded)

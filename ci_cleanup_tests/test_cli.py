@@ -17,10 +17,10 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from ci_cleanup.cli import dagster_pg_url, main
-from ci_cleanup.demo import seed
-from ci_cleanup.devstack import DAGSTER_YAML, EmbeddedStack
 from ci_cleanup.resources import job_resources
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+from ci_cleanup_dev.demo import seed
+from ci_cleanup_dev.devstack import DAGSTER_YAML, EmbeddedStack
 
 from .harness import clean_env, free_port, gitlab_database, servers_of, wait_for_ui
 from .runner import failure_messages

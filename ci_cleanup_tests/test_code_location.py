@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from ci_cleanup import defs
 from ci_cleanup.batches import BATCHES
-from ci_cleanup.demo import seed
+from ci_cleanup_dev.demo import seed
 
 from .harness import clean_env, servers_of
 

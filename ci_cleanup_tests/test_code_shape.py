@@ -5,14 +5,16 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "ci_cleanup"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ci_cleanup"
+PACKAGES = (PACKAGE, REPO / "tools" / "ci_cleanup_dev")  # the runtime and the workshop
 MAX_LINES, MAX_PARAMETERS = 60, 8
 # What a measurement looks like in prose: a figure with a unit of time or work, or the words of a lab notebook.
 FIGURE = re.compile(r"\d[\d,.]*\s?(ms|µs|instructions)\b|callgrind|median", re.IGNORECASE)
 
 
 def sources() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+    return sorted(path for package in PACKAGES for path in package.rglob("*.py"))
 
 
 def functions(path: Path):
@@ -29,7 +31,7 @@ def parameters(node: ast.FunctionDef) -> int:
 
 def test_no_function_is_over_60_lines_or_8_parameters():
     too_big = [
-        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines, "
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines, "
         f"{parameters(node)} parameters)"
         for path in sources() for node in functions(path)
         if node.end_lineno - node.lineno + 1 > MAX_LINES or parameters(node) > MAX_PARAMETERS
@@ -57,7 +59,7 @@ def comment_and_docstring_lines(path: Path):
 
 
 def test_no_measured_figures_in_code_comments_or_docstrings():
-    found = [f"{path.relative_to(PACKAGE.parent)}:{i}: {FIGURE.search(text).group(0)}"
+    found = [f"{path.relative_to(REPO)}:{i}: {FIGURE.search(text).group(0)}"
              for path in sources() if "bench" not in path.parts
              for i, text in comment_and_docstring_lines(path) if FIGURE.search(text)]
     assert found == []

@@ -15,8 +15,8 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 from sqlalchemy import text
 
 from ci_cleanup.alerts import WEBHOOK_ENV
-from ci_cleanup.devstack import DAGSTER_YAML, REPO_ROOT
 from ci_cleanup.sensors import INTERVAL_ENV
+from ci_cleanup_dev.devstack import DAGSTER_YAML, REPO_ROOT
 
 from .factories import ago, backend_waiting_on_lock, create, ids, naive_ago, row
 from .harness import clean_env

@@ -11,10 +11,11 @@ from sqlalchemy import create_engine, select
 
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
-from ci_cleanup.gitlab.schema import FLAT, PARTITIONED, create_schema, detect_tables
+from ci_cleanup.gitlab.schema import FLAT, PARTITIONED, detect_tables
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+from ci_cleanup_dev.ddl import create_schema
 
 from .factories import ago, create, naive_ago
 from .harness import scratch_database_of

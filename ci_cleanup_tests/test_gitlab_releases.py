@@ -1,4 +1,4 @@
-"""Every job on GitLab's schema at each release vendored (``ci_cleanup/gitlab/sql/versions/``), one database each.
+"""Every job on GitLab's schema at each release vendored (``tools/ci_cleanup_dev/ddl/versions/``), one database each.
 
 Each test seeds a few rows, some the job's rule must change and some it must not, with only the columns that release
 has, runs the job through Dagster and asserts the exact rows after: each job does that release's GitLab's work
@@ -22,7 +22,6 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 
 from ci_cleanup.cli import main
-from ci_cleanup.devstack import PgBouncer
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
@@ -31,13 +30,9 @@ from ci_cleanup.gitlab.schema import (
     MAIN_DATABASE,
     GitLabSchema,
     SchemaMismatch,
-    create_schema,
     database_of,
-    ddl,
     detect_tables,
-    lock_writes,
     require_columns,
-    truncate_all,
     where_present,
 )
 from ci_cleanup.gitlab.sidekiq_status import status_key
@@ -45,6 +40,8 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expir
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+from ci_cleanup_dev.ddl import create_schema, ddl, lock_writes, truncate_all
+from ci_cleanup_dev.devstack import PgBouncer
 
 from .factories import ago, naive_ago
 from .harness import scratch_database_of

@@ -6,7 +6,6 @@ import pytest
 from dagster import DagsterInstance
 from sqlalchemy import text
 
-from ci_cleanup.demo import seed
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema
@@ -17,6 +16,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expir
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
+from ci_cleanup_dev.demo import seed
 
 from .runner import run_job, step_failure_message
 

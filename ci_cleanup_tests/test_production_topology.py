@@ -23,8 +23,8 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import create_engine, text
 
-from ci_cleanup.devstack import DAGSTER_YAML, REPO_ROOT
 from ci_cleanup.sensors import WORKER_STARTED
+from ci_cleanup_dev.devstack import DAGSTER_YAML, REPO_ROOT
 
 from .factories import S, create, naive_ago, row
 from .harness import clean_env, free_port, wait_for_ui

@@ -24,8 +24,6 @@ from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import TickStatus
 from sqlalchemy import create_engine, text
 
-from ci_cleanup.bench.prune import clone_runs
-from ci_cleanup.devstack import DAGSTER_YAML
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab.exclusive_lease import PREFIX
 from ci_cleanup.gitlab.schema import utc_now
@@ -40,6 +38,8 @@ from ci_cleanup.prune_dagster_history.job import (
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED_TAG
 from ci_cleanup.sensors import run_failed_alert
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+from ci_cleanup_dev.bench.prune import clone_runs
+from ci_cleanup_dev.devstack import DAGSTER_YAML
 
 from .factories import ago, create, naive_ago
 from .harness import clean_env

@@ -14,13 +14,13 @@ import re
 import pytest
 from sqlalchemy import select
 
-from ci_cleanup.bench.seed import seed_scale
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.environments_auto_stop import service as auto_stop
 from ci_cleanup.gitlab.schema import gitlab_schema, utc_now
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stuck_export_jobs import service as stuck_exports
+from ci_cleanup_dev.bench.seed import seed_scale
 
 from .harness import reset
 

@@ -30,9 +30,9 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from ci_cleanup.devstack import lay_out_decomposed
 from ci_cleanup.gitlab import artifact_buckets
-from ci_cleanup.gitlab.schema import create_schema
+from ci_cleanup_dev.ddl import create_schema
+from ci_cleanup_dev.devstack import lay_out_decomposed
 
 from .harness import DeployedStack, on, reset
 from .redis_servers import LAYOUTS_AND_REDIS_SHAPES, layouts_and_shapes_ids

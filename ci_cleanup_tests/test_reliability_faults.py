@@ -776,9 +776,9 @@ def test_malformed_bucket_keys_fail_the_run_naming_the_key_and_are_left_as_they_
 SQL_WORDS = re.compile(
     r"\b(SELECT|UPDATE|DELETE|INSERT|CREATE|DROP|ALTER|ANALYZE|TRUNCATE|SET|VACUUM|GRANT|COPY|LOCK)\b"
 )
-# Every string with SQL in it that ci_cleanup/ builds by formatting, and what it interpolates: identifiers,
-# an int(), or module constants that are themselves fixed SQL text (the bench's raw-SQL baselines). No value
-# from a row, a config or a user is ever formatted into SQL; values are bound parameters.
+# Every string with SQL in it that ci_cleanup/ and tools/ci_cleanup_dev/ build by formatting, and what it
+# interpolates: identifiers, an int(), or module constants that are themselves fixed SQL text (the bench's raw-SQL
+# baselines). No value from a row, a config or a user is ever formatted into SQL; values are bound parameters.
 ALLOWED_SQL_FORMATTING = {
     # SET LOCAL statement_timeout = {int}: SET takes no bind parameter
     ("resources.py", "int(self.statement_timeout_seconds * 1000)"),
@@ -788,21 +788,21 @@ ALLOWED_SQL_FORMATTING = {
     ("devstack.py", "literal"),
     ("devstack.py", "parsed.database"),  # CREATE DATABASE "{…}": the stack's own (gitlab_ci), a constant
     ("cli.py", "name"),  # DROP / CREATE DATABASE "{…}": the demo's own, constants DEMO_DATABASE, DEMO_CI_DATABASE
-    ("gitlab/schema.py", "qualified"),  # lock-writes triggers: our tables' names, as pg_class has them
+    ("ddl/__init__.py", "qualified"),  # lock-writes triggers: our tables' names, as pg_class has them
     ("bench/seed.py", "PARENT.get(table, table)"),  # SELECT count(*) FROM {…}: table names of INSERTS
     # DROP INDEX / ALTER INDEX … ATTACH PARTITION: index names as PostgreSQL's catalog writes them (regclass text)
     ("bench/seed.py", "index.name"),
     ("bench/seed.py", "index.attached_to"),
     ("bench/seed.py", "owner"),  # a runner machine's owner column: the constant sharding_key_id or organization_id
     ("bench/run.py", "seed.PARENT.get(job.table, job.table)"),  # ANALYZE {…}: a BenchJob's table name
-    ("gitlab/schema.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
-    ("gitlab/schema.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
-    ("gitlab/schema.py", "value"),
-    ("gitlab/schema.py", "parent"),
-    ("bench/jobs.py", "CANCELING"),  # constant SQL fragments with :named parameters
-    ("bench/jobs.py", "STALE"),
-    ("bench/jobs.py", "DUE"),
-    ("bench/jobs.py", "EXPIRED"),
+    ("ddl/__init__.py", "table"),  # the flat layout's id defaults: the constants ci_builds, ci_job_artifacts
+    ("ddl/__init__.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
+    ("ddl/__init__.py", "value"),
+    ("ddl/__init__.py", "parent"),
+    ("batches/drop_canceling_builds.py", "CANCELING"),  # constant SQL fragments with :named parameters
+    ("batches/stale_runner_machines_cleanup.py", "STALE"),
+    ("batches/environments_auto_stop.py", "DUE"),
+    ("batches/schedule_bulk_delete_job_artifacts.py", "EXPIRED"),
     # bench --traffic: table and column names of the bench's own tables, and its own sequence and schema constants
     ("bench/traffic.py", "partition"),
     ("bench/traffic.py", "table"),
@@ -833,14 +833,14 @@ def formatted_sql(path: Path) -> list[tuple[int, str]]:
 
 
 def test_no_sql_is_built_from_strings_with_values():
-    package = REPO / "ci_cleanup"
     seen, violations = set(), []
-    for path in sorted(package.rglob("*.py")):
-        name = path.relative_to(package).as_posix()
-        for line, value in formatted_sql(path):
-            seen.add((name, value))
-            if (name, value) not in ALLOWED_SQL_FORMATTING:
-                violations.append(f"ci_cleanup/{name}:{line}: SQL formatted with {value}")
+    for package in (REPO / "ci_cleanup", REPO / "tools" / "ci_cleanup_dev"):  # the runtime and the workshop
+        for path in sorted(package.rglob("*.py")):
+            name = path.relative_to(package).as_posix()
+            for line, value in formatted_sql(path):
+                seen.add((name, value))
+                if (name, value) not in ALLOWED_SQL_FORMATTING:
+                    violations.append(f"{package.name}/{name}:{line}: SQL formatted with {value}")
     assert violations == []
     # The scan finds what it must (it is not vacuous), and the list has nothing stale.
     assert seen == ALLOWED_SQL_FORMATTING

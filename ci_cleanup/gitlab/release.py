@@ -137,8 +137,8 @@ def _known(layout: str, machines_partitioned: bool, lacks: Iterable[str] = ()) -
     return Release(layout, True, True, machines_partitioned, {name: name not in lacks for name in COLUMN_FEATURES})
 
 
-# The vendored releases' features (``sql/versions/``), to name the release a run met (test_gitlab_releases checks
-# each against its schema).
+# The vendored releases' features (their DDL is in ``tools/ci_cleanup_dev/ddl/versions/``, never read at run time),
+# to name the release a run met (test_gitlab_releases checks each against its schema).
 KNOWN = {
     "16.0": _known(FLAT, False, ("runner_machines_runner_type", "runner_machines_sharding_key_id",
                                  "environments_auto_stop_setting", "deleted_objects_project_id",

@@ -1,4 +1,4 @@
-"""Every job as operators and the daemon run it, against its true floor (:mod:`ci_cleanup.bench.floor`).
+"""Every job as operators and the daemon run it, against its true floor (:mod:`ci_cleanup_dev.bench.floor`).
 
 For each job: ``candidates`` fresh candidates are added to the big tables (with the cases its guards
 decide: queued builds, relation exports in their grace, running Sidekiq jobs, environments with stop
@@ -28,7 +28,6 @@ from __future__ import annotations
 import compileall
 import contextlib
 import datetime as dt
-import json
 import os
 import pwd
 import resource
@@ -49,34 +48,17 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
-from ..devstack import REPO_ROOT, PgBouncer
-from ..gitlab import sidekiq_status
+from ci_cleanup_dev.devstack import REPO_ROOT, PgBouncer
+
+from ..batches import BY_NAME, CASES, FLOORS, RUN_CONFIG, SCOPED
 from . import bare_job, seed, statements
-from .floor import ENVS_MAX_LOOPS, FLOORS, STALE_MAX_DELETIONS, connect
-from .jobs import BY_NAME, _enable_bulk_delete
+from .floor import connect
+from .jobs import max_id
 
 BIN = Path(sys.executable).parent
 TEMPLATE = "bench_template"
 # Small tables written by some job (inserted or deleted rows): restored whole, digested without their ids.
 SIDE_TABLES = ("ci_pending_builds", "ci_running_builds", "ci_deleted_objects", "loose_foreign_keys_deleted_records")
-# The tables whose candidate rows (id > the id before the candidates were added) a job may change, where the
-# release has them (ci_runner_machines_archived came after 18.x's schema).
-SCOPED = {
-    "drop_canceling_builds": ("p_ci_builds",),
-    "stale_runner_machines_cleanup": ("ci_runner_machines", "ci_runner_machines_archived"),
-    "stuck_export_jobs": ("project_export_jobs",),
-    "environments_auto_stop": ("environments", "p_ci_builds"),
-    "schedule_bulk_delete_job_artifacts": ("p_ci_job_artifacts",),
-}
-# What the jobs are launched with beyond their defaults: limits high enough for the benchmark's candidates.
-RUN_CONFIG = {  # YAML, written as JSON
-    "stale_runner_machines_cleanup": json.dumps(
-        {"ops": {"find_stale_runner_machines": {"config": {"max_deletions": STALE_MAX_DELETIONS}}}}
-    ),
-    "environments_auto_stop": json.dumps(
-        {"ops": {"find_auto_stoppable_environments": {"config": {"max_loops": ENVS_MAX_LOOPS}}}}
-    ),
-}
 CONTENDERS = ("job", "floor", "service", "idle")  # "idle": the job launched with nothing to do, in each round
 DEPLOYED = "deployed"
 DEPLOYED_POOL = 10  # server connections per database: the bucket workers' 5 (10 with the high-concurrency flag)
@@ -237,95 +219,16 @@ def postgres_cpu_clock(cur) -> Callable[[], float] | None:
     return seconds
 
 
-def _max_id(conn, table: str) -> int:
-    return conn.execute(text("SELECT coalesce(max(id), 0) FROM " + table)).scalar()  # table: a SCOPED constant
-
-
-def _drop_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
-    """Every other dropped build also leaves the pending queue."""
-    conn.execute(text("""
-        INSERT INTO ci_pending_builds (build_id, project_id, partition_id)
-        SELECT id, project_id, partition_id FROM p_ci_builds WHERE id > :before AND id % 2 = 0
-    """), {"before": before["p_ci_builds"]})
-
-
-def _export_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
-    # Exports an earlier bench's rounds spared (running, or in their grace) are still enqueued: every idle
-    # run would page through them. Finished, as they would be by now.
-    conn.execute(text("UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND status IN (0, 1)"),
-                 {"before": before["project_export_jobs"]})
-    # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
-    conn.execute(text("""
-        INSERT INTO project_relation_exports
-               (project_export_job_id, project_id, relation, created_at, updated_at)
-        SELECT id, project_id, 'issues', created_at, created_at FROM project_export_jobs
-        WHERE id > :before AND id % 10 = 0
-    """), {"before": before["project_export_jobs"]})
-    conn.execute(text("""
-        UPDATE project_export_jobs
-        SET created_at = now() - CASE WHEN id % 20 = 0 THEN interval '1 hour' ELSE interval '7 hours' END
-        WHERE id > :before AND id % 10 = 0
-    """), {"before": before["project_export_jobs"]})
-    # A seventh still have their Sidekiq job (status key present): running, left.
-    running = conn.execute(text("SELECT jid FROM project_export_jobs WHERE id > :before AND id % 7 = 0"),
-                           {"before": before["project_export_jobs"]}).scalars().all()
-    pipe = client.pipeline(transaction=False)
-    for jid in running:
-        pipe.set(sidekiq_status.status_key(jid), "1")
-    pipe.execute()
-
-
-def _environment_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
-    # Background environments that fall due during the rounds (auto_stop_at within the next hours, or left
-    # due by an interrupted bench, '-infinity' included) would be stopped by the first run alone, their stop
-    # actions (builds of a candidate's pipeline can be) played once: their auto-stop moved a week from now.
-    conn.execute(text("""
-        UPDATE environments SET auto_stop_at = greatest(auto_stop_at, now()) + interval '7 days'
-        WHERE id <= :before AND state = 'available' AND auto_stop_at < now() + interval '6 hours'
-    """), {"before": before["environments"]})
-    # Stop actions an earlier bench on these tables added in the pipelines the candidates deploy from are
-    # outside the snapshot: the first run alone would play them. Deleted (the rows only a bench adds).
-    conn.execute(text("SET LOCAL session_replication_role = replica"))
-    conn.execute(text("""
-        DELETE FROM p_ci_builds stop_action
-        USING environments e, deployments d, p_ci_builds deployable
-        WHERE e.id > :before AND d.environment_id = e.id AND deployable.id = d.deployable_id
-          AND stop_action.commit_id = deployable.commit_id AND stop_action.name = d.on_stop
-    """), {"before": before["environments"]})
-    conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
-    # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
-    before["p_ci_builds"] = _max_id(conn, "p_ci_builds")
-    conn.execute(text("""
-        INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
-                                 created_at, updated_at, "when", allow_failure)
-        SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
-               deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
-               deployable.created_at, 'manual', true
-        FROM environments e
-        JOIN deployments d ON d.environment_id = e.id AND d.status = 2
-        JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
-        WHERE e.id > :before AND e.id % 10 = 0
-        ORDER BY deployable.commit_id
-    """), {"before": before["environments"]})
-
-
-# The cases each job's guards decide, beyond its plain candidates.
-_CASES = {"drop_canceling_builds": _drop_cases, "stuck_export_jobs": _export_cases,
-          "environments_auto_stop": _environment_cases}
-
-
 def add_candidates(engine: Engine, client: redis.Redis, job: str, n: int) -> dict[str, int]:
     """``n`` candidates of the job, with the cases its guards decide; returns the id before them per scoped table."""
     with engine.connect() as conn:
         present = conn.execute(text("SELECT t FROM unnest(:tables) t WHERE to_regclass(t) IS NOT NULL"),
                                {"tables": list(SCOPED[job])}).scalars().all()
-        before = {table: _max_id(conn, table) for table in present}
+        before = {table: max_id(conn, table) for table in present}
     seed.insert(engine, BY_NAME[job].table, n, every=1)
-    if job in _CASES:
+    if job in CASES:
         with engine.begin() as conn:
-            _CASES[job](conn, client, before)
-    if job == "schedule_bulk_delete_job_artifacts":
-        _enable_bulk_delete(engine, client)
+            CASES[job](conn, client, before)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE " + seed.PARENT.get(BY_NAME[job].table, BY_NAME[job].table)))
     return before
@@ -603,7 +506,7 @@ def bench_launched(env: dict[str, str], *, candidates: int, rounds: int, jobs: l
                          "dagster.yaml and its PostgreSQL database), as operators run the jobs")
     # ci_cleanup's bytecode, as an installed package has it: where PYTHONDONTWRITEBYTECODE is set (or the folder is
     # read-only), every launch would otherwise compile the package anew, a cost no deployment pays.
-    compileall.compile_dir(Path(__file__).resolve().parents[1], quiet=1)
+    compileall.compile_dir(REPO_ROOT / "ci_cleanup", quiet=1)
     # This process reads the run records from the instance the jobs are launched on.
     os.environ.update({name: env[name] for name in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if env.get(name)})
     engine, client = create_engine(env["CI_CLEANUP_DATABASE_URL"]), redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
@@ -683,7 +586,7 @@ def daemon_idle_seconds(env: dict[str, str], log=print) -> float:
     from .daemon_location import SCHEDULE
 
     daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-m", "ci_cleanup.bench.daemon_location"], env={**os.environ, **env},
+        [str(BIN / "dagster-daemon"), "run", "-m", "ci_cleanup_dev.bench.daemon_location"], env={**os.environ, **env},
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:

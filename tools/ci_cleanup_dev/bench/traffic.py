@@ -1,8 +1,9 @@
 """``ci-cleanup bench --traffic``: what each job costs GitLab's own traffic while it runs.
 
-A synthetic GitLab workload (:mod:`ci_cleanup.bench.workload`) runs at a fixed rate against the bench database: alone,
+A synthetic GitLab workload (:mod:`ci_cleanup_dev.bench.workload`) runs at a fixed rate against the bench database:
+alone,
 then beside each job working through its candidates. Per job and round, every contender starts from the same reset
-state (:func:`ci_cleanup.bench.launched.reset`), in an order that changes between rounds:
+state (:func:`ci_cleanup_dev.bench.launched.reset`), in an order that changes between rounds:
 
 - ``alone``: the workload with no job;
 - ``launched``: the job as it is, ``dagster job execute`` (its default settings; bulk delete at 10 buckets, the
@@ -38,13 +39,17 @@ import redis
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab import artifact_buckets
-from ..gitlab.loop_helpers import Brake
-from ..gitlab.schema import create_schema, gitlab_schema, naive_utc, utc_now
-from ..schedule_bulk_delete_job_artifacts import service as bulk_delete
+from ci_cleanup.gitlab import artifact_buckets
+from ci_cleanup.gitlab.loop_helpers import Brake
+from ci_cleanup.gitlab.schema import gitlab_schema, naive_utc, utc_now
+from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
+from ci_cleanup_dev.ddl import create_schema
+
+from ..batches import BY_NAME, JOBS
 from . import launched, seed
 from .floor import connect
-from .jobs import BY_NAME, JOBS, UNLIMITED
+from .jobs import UNLIMITED
+from .server import machine, postgres_settings
 from .workload import JOB_IDS, Spec
 
 HEADING = "## GitLab's traffic: a synthetic workload beside each job"
@@ -263,8 +268,8 @@ def workload(scenario: Scenario, hot_table: str, hot: list[list[int]]) -> Iterat
                 hot_table=hot_table, hot=hot, lock_log_ms=LOCK_LOG_MS)
     path = scenario.log_dir / "workload.json"
     path.write_text(json.dumps(asdict(spec)))
-    process = subprocess.Popen([sys.executable, "-m", "ci_cleanup.bench.workload", str(path)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "ci_cleanup_dev.bench.workload", str(path)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     state: dict = {}
     try:
         ready = process.stdout.readline()
@@ -367,15 +372,13 @@ def background(cur) -> dict[str, list[list[int]]]:
 def bench_traffic(env: dict[str, str], *, rows: int, candidates: int, rounds: int, jobs: list[str],
                   rate: float = RATE, log=print) -> list[JobTraffic]:
     """The tables grown to ``rows`` (the others a tenth), then each job's rounds (:func:`bench_job`)."""
-    from .run import grow
-
     os.environ.update({n: env[n] for n in ("DAGSTER_HOME", "CI_CLEANUP_DAGSTER_PG_URL") if env.get(n)})
     url = env["CI_CLEANUP_DATABASE_URL"]
     engine = create_engine(url, pool_size=bulk_delete.MAX_BUCKETS_HIGH_CONCURRENCY)
     client = redis.Redis.from_url(env["CI_CLEANUP_REDIS_URL"])
     create_schema(engine)
     log(f"Tables at {rows:,} rows")
-    grow(engine, rows, log)
+    seed.grow(engine, rows, log)
     admin = connect(url)
     results = []
     try:
@@ -431,7 +434,7 @@ def section(results: list[JobTraffic], *, rows: int, rounds: int, rate: float, c
 
 {context}
 
-A synthetic GitLab workload (`ci_cleanup/bench/workload.py`, a process of its own on {CLIENTS} connections)
+A synthetic GitLab workload (`tools/ci_cleanup_dev/bench/workload.py`, a process of its own on {CLIENTS} connections)
 at {rate:g} transactions/s: 40 % a runner's update of its build by id (`lock_version + 1`, as optimistic locking
 writes it), 20 % an artifact inserted for a new job, 40 % reads by id of builds and artifacts; a fifth of the updates
 and reads on the job's own candidate rows (updates where those are builds). Its latency is each transaction's own,
@@ -485,8 +488,6 @@ def merged(path: Path | None, results: list[JobTraffic]) -> list[JobTraffic]:
 
 
 def main(env: dict[str, str], args) -> None:
-    from .run import machine, postgres_settings
-
     sizes = SMALL if args.small else dict(rows=args.traffic_rows, candidates=args.candidates,
                                           rounds=args.traffic_rounds)
     jobs = args.jobs.split(",") if args.jobs else [job.name for job in JOBS]

@@ -25,17 +25,11 @@ import redis
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
-from .gitlab.schema import (
-    CI_DATABASE,
-    MAIN_DATABASE,
-    create_schema,
-    database_of,
-    lock_writes,
-    metadata,
-    write_locked,
-)
+from ci_cleanup.gitlab.schema import CI_DATABASE, MAIN_DATABASE, database_of, metadata, write_locked
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .ddl import create_schema, lock_writes
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # tools/ci_cleanup_dev/devstack.py
 # The production instance config (PostgreSQL storage); the repo root's dagster.yaml is it without storage.
 DAGSTER_YAML = REPO_ROOT / "deploy" / "dagster.yaml"
 DEFAULT_DIR = Path(os.environ.get("CI_CLEANUP_DEV_DIR", REPO_ROOT / ".ci_cleanup_dev"))

@@ -1,4 +1,11 @@
--- Vendored into ci_cleanup as ci_cleanup/gitlab/sql/structure.sql; ci_cleanup.gitlab.schema.ddl() loads it
+-- GitLab db/structure.sql subset for gitlabhq/gitlabhq commit 0016ea0586afbe89b5823f3fc254045ce7115af2: the
+-- baseline, byte-for-byte the project's own tools/ci_cleanup_dev/ddl/structure.sql (its header below says what it is
+-- and which blocks are NOT VERBATIM), plus, at the end, the dynamic partitions GitLab's partition manager adds on
+-- GitLab.com (NOT VERBATIM, as ../real_schema/conftest.py creates them).
+-- GitLab version: 18.x (ci_runner_machines LIST-partitioned by runner_type with sharding_key_id and
+--         ci_runner_machines_archived; p_ci_builds with public.ci_builds as partition 100); VERSION not stored
+--         for this commit, inferred from the schema.
+-- Vendored into ci_cleanup as tools/ci_cleanup_dev/ddl/structure.sql; ci_cleanup_dev.ddl.ddl() loads it
 -- (the partitioned layout as is, plus GitLab's dynamic partitions; the flat pre-partitioning layout without
 -- the p_ci_* statements). Never run against GitLab's own database: the jobs only read and write rows.
 -- Subset of GitLab's real PostgreSQL schema: the tables the ci_cleanup jobs read and write.
@@ -1299,3 +1306,8 @@ CREATE SEQUENCE loose_foreign_keys_deleted_records_id_seq;
 ALTER TABLE ONLY loose_foreign_keys_deleted_records ALTER COLUMN id SET DEFAULT nextval('loose_foreign_keys_deleted_records_id_seq'::regclass);
 
 CREATE TABLE gitlab_partitions_dynamic.loose_foreign_keys_deleted_records_1 PARTITION OF loose_foreign_keys_deleted_records FOR VALUES IN ('1');
+
+-- NOT VERBATIM: GitLab.com's dynamic partitions (created at runtime by GitLab's partition manager)
+CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.ci_builds_101 PARTITION OF p_ci_builds FOR VALUES IN ('101');
+
+CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.ci_job_artifacts_102 PARTITION OF p_ci_job_artifacts FOR VALUES IN ('102');

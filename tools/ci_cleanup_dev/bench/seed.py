@@ -1,6 +1,6 @@
 """Fill the GitLab schema fast, server-side (``INSERT … SELECT … FROM generate_series``).
 
-GitLab's own schema (:func:`~ci_cleanup.gitlab.schema.create_schema`): builds and artifacts go through
+GitLab's own schema (:func:`~ci_cleanup_dev.ddl.create_schema`): builds and artifacts go through
 ``p_ci_builds`` / ``p_ci_job_artifacts`` into the partitions the schema has (100, 101 and 102 on 0016ea05), ids
 from GitLab's triggers.
 
@@ -30,8 +30,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import ProgrammingError
 
-from ..gitlab.release import RELEASE_TABLES, Release, read_catalog
-from ..gitlab.schema import create_schema, ddl, detect_tables, naive_utc, utc_now
+from ci_cleanup.gitlab.release import RELEASE_TABLES, Release, read_catalog
+from ci_cleanup.gitlab.schema import detect_tables, naive_utc, utc_now
+from ci_cleanup_dev.ddl import create_schema, ddl
 
 # The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
 PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
@@ -238,7 +239,7 @@ _INDEXES = text("""
 @contextlib.contextmanager
 def indexes_built_after(conn: Connection, *tables: str) -> Iterator[None]:
     """Inside: ``tables`` without the indexes no constraint uses (every partition's too); after: the same
-    indexes built again, as :func:`~ci_cleanup.gitlab.schema.create_schema` made them.
+    indexes built again, as :func:`~ci_cleanup_dev.ddl.create_schema` made them.
 
     Primary keys and unique constraints stay, and with them the ids GitLab's triggers assign are checked as
     the rows go in. A unique index checks its rows when built again: in the caller's transaction, a duplicate
@@ -302,3 +303,19 @@ def seed_scale(engine: Engine, scale: float, *, candidates: bool = True, log=pri
         log(f"{table}: {n:,} rows in {time.monotonic() - started:.1f} s")
     analyze(engine)
     return counts
+
+
+SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth of these (GitLab.com's mix)
+
+
+def _rows(table: str, rows: int) -> int:
+    return rows if table in SMALL_TABLES else rows // 10
+
+
+def grow(engine: Engine, rows: int, log) -> None:
+    """Background rows (no candidates) up to ``rows`` in the two big tables, a tenth in the others."""
+    for table in INSERTS:
+        started = time.monotonic()
+        insert(engine, table, max(0, _rows(table, rows) - rows_in(engine, table)))
+        log(f"  {table}: {_rows(table, rows):,} rows ({time.monotonic() - started:.1f} s)")
+    analyze(engine)

@@ -1,4 +1,4 @@
-"""``python -m ci_cleanup.bench.objects``: delete_expired_artifact_files' rate against an S3 API, in objects a second.
+"""``python -m ci_cleanup_dev.bench.objects``: delete_expired_artifact_files' rate against an S3 API (objects a second).
 
 On an embedded stack of its own and moto's S3 server (``moto[server]``, the test extra) in a process of its own on a
 free loopback port: each round writes ``--objects`` due ``ci_deleted_objects`` rows on object storage, each with its
@@ -28,11 +28,12 @@ from pathlib import Path
 from dagster import DagsterInstance
 from sqlalchemy import create_engine, text
 
+from ci_cleanup.gitlab.object_storage import ENV_PREFIX
+from ci_cleanup.resources import job_resources
+from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
+
+from ..ddl import create_schema
 from ..devstack import EmbeddedStack
-from ..gitlab.object_storage import ENV_PREFIX
-from ..gitlab.schema import create_schema
-from ..resources import job_resources
-from ..schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
 
 BUCKET, PREFIX = "gitlab-artifacts", "bench"
 SEED = (
@@ -116,7 +117,7 @@ def bench(stack, objects: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ci_cleanup.bench.objects", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ci_cleanup_dev.bench.objects", description=__doc__)
     parser.add_argument("--objects", type=int, default=2000, help="due object-storage rows (and objects) a round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the figure is their median")
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ raw SQL loop alternate, each run on ``work`` fresh candidates (:func:`alternate`
 time between the service's batch callbacks. Throughput is measured at the big size for the service, a SQLAlchemy
 raw SQL loop (same batch size) and the per-row loop (on ``work // 10`` candidates: it is the slow one). Peak memory
 is the Python heap (tracemalloc) and RSS of a subprocess running the service at 1 k and at ``memory_candidates``
-candidates. Part 2 (:mod:`ci_cleanup.bench.launched`), on the big tables: every Dagster job launched as
+candidates. Part 2 (:mod:`ci_cleanup_dev.bench.launched`), on the big tables: every Dagster job launched as
 operators run it against its psycopg2 floor, in alternating rounds from one reset state; then each job
 launched with nothing to do, and a scheduled run through dagster-daemon with nothing to do.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,19 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from ..gitlab.release import KNOWN
-from ..gitlab.schema import RELEASES, create_schema, gitlab_schema, truncate_all
+from ci_cleanup.gitlab.release import KNOWN
+from ci_cleanup.gitlab.schema import gitlab_schema
+from ci_cleanup_dev.ddl import RELEASES, create_schema, truncate_all
+
+from ..batches import BY_NAME, JOBS
 from . import launched, seed
-from .jobs import BY_NAME, JOBS, BenchJob
+from .jobs import BenchJob
+from .server import machine, postgres_settings
 
 if TYPE_CHECKING:
-    from ..devstack import EmbeddedStack
+    pass
 
 LABEL = {"job": "service", "raw": "raw SQL", "per_row": "per-row"}  # part 1 times the services, not the jobs
-SMALL_TABLES = ("ci_builds", "ci_job_artifacts")  # the other tables are a tenth of these (GitLab.com's mix)
 
 
 @dataclass
@@ -58,19 +60,6 @@ class Figures:
     @property
     def vs_per_row(self) -> float:
         return self.rows_per_s["job"] / self.rows_per_s["per_row"]
-
-
-def _rows(table: str, rows: int) -> int:
-    return rows if table in SMALL_TABLES else rows // 10
-
-
-def grow(engine: Engine, rows: int, log) -> None:
-    """Background rows (no candidates) up to ``rows`` in the two big tables, a tenth in the others."""
-    for table in seed.INSERTS:
-        started = time.monotonic()
-        seed.insert(engine, table, max(0, _rows(table, rows) - seed.rows_in(engine, table)))
-        log(f"  {table}: {_rows(table, rows):,} rows ({time.monotonic() - started:.1f} s)")
-    seed.analyze(engine)
 
 
 def add_candidates(engine: Engine, job: BenchJob, n: int) -> None:
@@ -114,7 +103,7 @@ def alternate(engine: Engine, client, job: BenchJob, runs: list[tuple[str, int]]
 def peak_memory(figures: Figures, size: str, url: str, redis_url: str) -> None:
     """The peak Python heap (KiB) and peak RSS (MiB) of a run of the job, in a fresh interpreter."""
     out = subprocess.run(
-        [sys.executable, "-m", "ci_cleanup.bench.memory", url, redis_url, figures.job],
+        [sys.executable, "-m", "ci_cleanup_dev.bench.memory", url, redis_url, figures.job],
         check=True, capture_output=True, text=True,
     ).stdout
     peak = json.loads(out.strip().splitlines()[-1])
@@ -134,7 +123,7 @@ def bench(
     figures = {job.name: Figures(job.name) for job in selected}
 
     log(f"Tables at {small_rows:,} rows")
-    grow(engine, small_rows, log)
+    seed.grow(engine, small_rows, log)
     for job in selected:
         _, batches_of = alternate(engine, client, job, [("job", work), ("raw", work)] * repeats, log)
         figures[job.name].batch_ms["small"], figures[job.name].batch_ms["raw_small"] = (
@@ -144,7 +133,7 @@ def bench(
         peak_memory(figures[job.name], "small", url, redis_url)
 
     log(f"Tables at {big_rows:,} rows")
-    grow(engine, big_rows, log)
+    seed.grow(engine, big_rows, log)
     for job in selected:
         f = figures[job.name]
         runs = [("job", work), ("raw", work)] * repeats + [("per_row", max(1000, work // 10))]
@@ -287,78 +276,6 @@ deployed_vs_direct_max={max(f.deployed_vs_direct for f in measured):.2f}
 """
 
 
-MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
-
-
-def memory_bytes() -> int:
-    """The machine's RAM, or the memory its container may use when that is less."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in MEMORY_LIMITS:
-        try:
-            ram = min(ram, int(Path(limit).read_text()))
-        except (OSError, ValueError):  # not this cgroup version, or no limit ("max")
-            pass
-    return ram
-
-
-def machine() -> str:
-    mem = memory_bytes() / 2**30
-    return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
-
-
-def omnibus_postgres() -> dict[str, str]:
-    """Omnibus GitLab's own settings for its PostgreSQL's memory and planner (its postgresql cookbook's
-    ``attributes/default.rb``): the bench's embedded PostgreSQL runs as GitLab's package runs it, not on
-    PostgreSQL's defaults (128 MB of shared buffers). Omnibus' maintenance_work_mem (16 MB) is left out: it only
-    slows the seed's index builds, which nothing here measures."""
-    ram_mb = memory_bytes() // 2**20  # in a container, a quarter of what it may use, not of the host's RAM
-    return {"shared_buffers": f"{ram_mb // 4}MB", "effective_cache_size": f"{ram_mb // 2}MB", "work_mem": "16MB",
-            "random_page_cost": "2", "max_parallel_workers_per_gather": "0"}
-
-
-# glibc's malloc for the bench's PostgreSQL, in its postmaster's environment, which every backend inherits: a backend's
-# heap kept as it grew, never given back after a statement (nor its large blocks mapped and unmapped each time). With
-# glibc's defaults, the first statements of a new backend decide whether each later statement's planning memory
-# (2.4 MB for environments' batch: partitioned p_ci_builds, three times) goes back to the system at its end and is
-# faulted in again by the next. On its own new connection, environments' batch statement ran at 370 page faults a
-# statement (strace: brk up 2.4 MB and down again each time), the floor's at 92; after 20 of the floor's statements,
-# the job's ran at 92 too, and the floor's at 243 after 20 of the job's. That was 0.5-0.7 ms of PostgreSQL CPU a
-# batch (1,000-batch runs, 8 pairs) set by which statement came first on a connection, not by the work. Held, the
-# job's statement ran within 0.05 ms a batch of the floor's, with the same page faults.
-HELD_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-
-
-def malloc_settings(pid: int) -> dict[str, str]:
-    """The glibc malloc variables (``MALLOC_*``) in process ``pid``'s environment."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(v.decode().split("=", 1) for v in environ if v.startswith(b"MALLOC_"))
-
-
-def hold_heap(stack: EmbeddedStack) -> None:
-    """The embedded PostgreSQL restarted with :data:`HELD_HEAP`, unless it runs with it already."""
-    if malloc_settings(stack.postgres_pid) == HELD_HEAP:
-        return
-    stack.stop_postgres()
-    stack.start_postgres(HELD_HEAP)
-
-
-def postgres_settings(url: str) -> str:
-    """The measured PostgreSQL's version and its settings that :func:`omnibus_postgres` names, as it reports them;
-    and glibc's malloc variables in its environment, where its processes can be read."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            shown = [f"{name} {conn.scalar(text('SELECT current_setting(:n)'), {'n': name})}"
-                     for name in ("server_version", *omnibus_postgres())]
-            pid = launched.postmaster_pid(conn.connection.cursor())
-    finally:
-        engine.dispose()
-    if pid is not None:
-        malloc = malloc_settings(pid)
-        shown.append(" ".join(f"{k}={v}" for k, v in sorted(malloc.items())) if malloc else "glibc malloc's defaults")
-    return ", ".join(shown)
-
-
 def _load(values: tuple[float, float, float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
 
@@ -382,7 +299,8 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   storage, the job's own executor), from launch to the run's RUN_SUCCESS, start-up included; "run record": the
   run's own start → end.
 - "floor": plain psycopg2, one database round trip per batch (stuck_export_jobs: one more to Redis per chunk), the
-  job's guards and side rows (`ci_cleanup/bench/floor.py`); schedule_bulk_delete_job_artifacts' five bucket workers
+  job's guards and side rows (`tools/ci_cleanup_dev/bench/floor.py`);
+  schedule_bulk_delete_job_artifacts' five bucket workers
   at once, each on a connection of its own, as its job runs them. It sends its statement text each batch: no
   session-level PREPARE, the jobs' rule, since GitLab reaches PostgreSQL through PgBouncer in transaction pooling
   (`prepared_statements: false`), where a prepared statement does not outlive its transaction.
@@ -406,7 +324,8 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   alone: what ci_cleanup and Dagster spend per batch in Python (statements built, results read, events and observations
   written). The whole figure is kept as a check; it cannot resolve the budget: the same run's PostgreSQL CPU moves by
   about ±0.5 ms a batch from one run to the next.
-- "PostgreSQL's part, statement by statement" (`ci_cleanup/bench/statements.py`): after the rounds, the job run once in
+- "PostgreSQL's part, statement by statement" (`tools/ci_cleanup_dev/bench/statements.py`): after the rounds,
+  the job run once in
   process with its own resources (its statement timeout, its transactions) and the floor once, every statement each
   sends recorded; then, {replay_pairs} pairs of times from the same reset state, on one new connection, the
   batches sent again alternating, batch i as the job sent it and batch i + 1 as the floor did, the other way round in
@@ -417,7 +336,7 @@ did (digest of the changed tables, asserted), and no idle run may change anythin
   "A batch over the floor's" is the client's part plus this, per 100 rows for stuck_export_jobs' 1,000-row chunks
   (target ≤ 0.3 ms).
 - Dagster's own cost per launched run: a bare Dagster job (one op that does nothing, a code location importing only
-  Dagster, `ci_cleanup/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
+  Dagster, `tools/ci_cleanup_dev/bench/bare_job.py`) launched the same way, beside each idle run (the two in alternating
   order): {bare} s over all jobs. It exits as the jobs' processes do (`gc.freeze()` at exit, no final
   garbage collection). "idle − bare" (the median of a job's {idle_runs} pairs) is what a job's own
   start-up adds to Dagster's: its imports, resources, schema check, lease, run start and end (target ≤ 0.4 s).
@@ -458,7 +377,8 @@ def write_markdown(path: Path, services: str, results: list[launched.Launched], 
 Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d %H:%M} UTC.
 
 - Machine: {machine()}; PostgreSQL: {server}. Embedded (pgserver) unless CI_CLEANUP_DATABASE_URL was set,
-  with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `ci_cleanup/bench/run.py`), and its
+  with Omnibus GitLab's memory and planner settings (`omnibus_postgres` in `tools/ci_cleanup_dev/bench/server.py`),
+  and its
   backends' heap held (glibc's `MALLOC_*` in its environment, `HELD_HEAP` there): with glibc's defaults, which
   statement a new connection ran first decided whether every later one's planning memory was faulted in again:
   environments' statement cost PostgreSQL 0.5-0.7 ms a batch more than its floor's, each on its own connection,
@@ -467,7 +387,7 @@ Written by `ci-cleanup bench{' --small' if args.small else ''}` on {now:%Y-%m-%d
   2-core machine the figures are noisy: compare ratios within one run, and the min / median / max spread.{small}
 - Table sizes: `ci_builds` and `ci_job_artifacts` at {args.small_rows:,} then {args.big_rows:,} rows (builds and
   artifacts over partitions 100, 101, 102); runner machines, export jobs and environments a tenth of that
-  (GitLab.com's mix, `ci_cleanup/bench/seed.py`), on GitLab's real DDL and its indexes only.
+  (GitLab.com's mix, `tools/ci_cleanup_dev/bench/seed.py`), on GitLab's real DDL and its indexes only.
 
 {launched_section(results, bare, args, daemon_s)}{deployed_section(results)}
 ## The services: throughput, batch latency, memory
@@ -501,7 +421,7 @@ def deployed_only(env: dict[str, str], args, jobs: list[str]) -> None:
     load = {"before": os.getloadavg()}
     log = print
     log(f"Tables at {args.big_rows:,} rows")
-    grow(engine, args.big_rows, log)
+    seed.grow(engine, args.big_rows, log)
     engine.dispose()
     results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs,
                                       contenders=("job",))
@@ -531,7 +451,7 @@ def launched_only(env: dict[str, str], args, jobs: list[str]) -> None:
         seed.borrow_indexes(engine, args.release)
     load = {"before": os.getloadavg()}
     print(f"Tables at {args.big_rows:,} rows")
-    grow(engine, args.big_rows, print)
+    seed.grow(engine, args.big_rows, print)
     engine.dispose()
     results = launched.bench_launched(env, candidates=args.candidates, rounds=args.rounds, jobs=jobs, deployed=False)
     daemon_s = None if args.no_daemon else launched.daemon_idle_seconds(env)
@@ -596,7 +516,7 @@ def with_release_line(markdown: str, release: str, line: str) -> str:
     return f"{before}{heading}\n\n{section}\n" + (f"\n## {rest}" if rest is not None else "")
 
 
-RELEASES_NOTE = """The headline's figures on a vendored release's DDL (`ci_cleanup/gitlab/sql/versions/`), seeded and
+RELEASES_NOTE = """The headline's figures on a vendored release's DDL (`tools/ci_cleanup_dev/ddl/versions/`), seeded and
 run as above; a release whose DDL ships no non-unique index gets 0016ea05's on its tables, where its columns
 allow."""
 

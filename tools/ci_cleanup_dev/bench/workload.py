@@ -1,5 +1,6 @@
-"""A synthetic GitLab workload for the traffic scenario (:mod:`ci_cleanup.bench.traffic`), in a process of its own so
-that a job run in the bench's process never holds its interpreter lock: ``python -m ci_cleanup.bench.workload SPEC``.
+"""A synthetic GitLab workload for the traffic scenario (:mod:`ci_cleanup_dev.bench.traffic`), in a process of its
+own so that a job run in the bench's process never holds its interpreter lock:
+``python -m ci_cleanup_dev.bench.workload SPEC``.
 
 GitLab's own traffic on the tables the jobs change, at a fixed rate over a few connections (GitLab's many Puma and
 Sidekiq processes): a runner's update of its build by id (as optimistic locking writes it: ``lock_version + 1``), an

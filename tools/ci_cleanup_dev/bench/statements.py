@@ -4,7 +4,8 @@ connection.
 A whole run's PostgreSQL CPU moves from run to run on a shared machine by more than the per-batch budget (the same
 1,000 statements of 6-7 ms each: ±0.5 ms a batch). Here each side's statements are recorded as it sends them: the job
 run in process with its own resources (its ``SET LOCAL`` prefix, its transactions), in a subprocess
-(``python -m ci_cleanup.bench.statements job|floor JOB OUT``), and the floor. Then, from the same reset state, on one
+(``python -m ci_cleanup_dev.bench.statements job|floor JOB OUT``), and the floor.
+Then, from the same reset state, on one
 new connection, the batches are sent again: batch i as the job sent it, batch i + 1 as the floor did, the other way
 round in the next round, the backend's CPU read from ``/proc/<pid>/schedstat`` around each. A batch of either side does
 the same work (the same rows: the tables after each replay are the rounds', asserted), so each batch's two costs, one
@@ -31,7 +32,8 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extensions
 
-from ..devstack import REPO_ROOT
+from ci_cleanup_dev.devstack import REPO_ROOT
+
 from . import floor
 
 WRITES = re.compile(r"\b(UPDATE|DELETE|INSERT)\b")  # a batch statement changes rows; a read is never one
@@ -182,8 +184,9 @@ def record_job(job: str) -> None:
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
 
-    from ..definitions import defs
-    from .launched import RUN_CONFIG
+    from ci_cleanup.definitions import defs
+
+    from ..batches import RUN_CONFIG
 
     # While a connection is checked out: not the pool's own statements (a new connection's first reads, in a
     # transaction whose rollback SQLAlchemy sends on the connection itself, unseen), which the job's work never sends.
@@ -215,8 +218,10 @@ def record_job(job: str) -> None:
 def record_floor(job: str) -> None:
     import redis
 
+    from ..batches import FLOORS
+
     floor.CURSOR = Recording
-    floor.FLOORS[job](os.environ["CI_CLEANUP_DATABASE_URL"], redis.Redis.from_url(os.environ["CI_CLEANUP_REDIS_URL"]))
+    FLOORS[job](os.environ["CI_CLEANUP_DATABASE_URL"], redis.Redis.from_url(os.environ["CI_CLEANUP_REDIS_URL"]))
 
 
 def main(argv: list[str]) -> None:

@@ -1,8 +1,8 @@
 """A small, realistic GitLab dataset for the dev stack: some rows each batch must change, more it must not.
 
-Each batch's ``demo.py`` seeds its own rows (the registry's ``demo``); :func:`seed` runs them all. Rows
-are inserted relative to ``now`` so a demo run always finds the same work, on GitLab's own schema:
-builds and artifacts spread over partitions 100, 101 and 102, and names, iids, job ids, machine and
+Each batch's workshop module (``batches/<batch>.py``) seeds its own rows; :func:`seed` runs them all, in the
+registry's order. Rows are inserted relative to ``now`` so a demo run always finds the same work, on GitLab's own
+schema: builds and artifacts spread over partitions 100, 101 and 102, and names, iids, job ids, machine and
 Sidekiq ids unique as GitLab's indexes require, so a second demo on the data of the first adds rows
 beside them.
 """
@@ -14,8 +14,9 @@ import random
 import redis
 from sqlalchemy.engine import Connection, Engine
 
-from .batches import BATCHES
-from .gitlab.schema import CI_DATABASE, database_of, detect_tables, utc_now
+from ci_cleanup.gitlab.schema import CI_DATABASE, database_of, detect_tables, utc_now
+
+from .batches import SEEDERS
 
 
 def seed(engine: Engine, redis_client: redis.Redis, *, random_seed: int = 0, ci_engine: Engine | None = None) -> None:
@@ -24,9 +25,8 @@ def seed(engine: Engine, redis_client: redis.Redis, *, random_seed: int = 0, ci_
     with engine.begin() as main, (ci_engine or engine).begin() as ci:
         conn = main if ci_engine is None else _Routed(main, ci)
         schema = detect_tables(ci)  # partitioned or flat, as the database has them
-        for batch in BATCHES:
-            if batch.demo is not None:
-                batch.demo(conn, redis_client, schema, rng, now)
+        for seed_batch in SEEDERS.values():  # in the registry's order: each batch's random rows stay the same
+            seed_batch(conn, redis_client, schema, rng, now)
 
 
 class _Routed:

@@ -1,4 +1,4 @@
-"""``python -m ci_cleanup.bench.prune``: how fast prune_dagster_history deletes the history of 10 k old runs.
+"""``python -m ci_cleanup_dev.bench.prune``: how fast prune_dagster_history deletes the history of 10 k old runs.
 
 On the embedded stack (or CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL / CI_CLEANUP_DAGSTER_PG_URL):
 one real run of ``stale_runner_machines_cleanup`` on the PostgreSQL instance storage is the template;
@@ -28,9 +28,10 @@ from dagster import DagsterInstance, DagsterRunStatus
 from sqlalchemy import MetaData, Table, create_engine, func, insert, literal, select, text, true
 from sqlalchemy.engine import Engine
 
-from ..devstack import DAGSTER_YAML, EmbeddedStack
-from ..gitlab.schema import create_schema, utc_now
-from ..resources import GitLabDatabase, GitLabRedis, RunOptions
+from ci_cleanup.gitlab.schema import utc_now
+from ci_cleanup.resources import GitLabDatabase, GitLabRedis, RunOptions
+from ci_cleanup_dev.ddl import create_schema
+from ci_cleanup_dev.devstack import DAGSTER_YAML, EmbeddedStack
 
 
 def clone_runs(
@@ -121,8 +122,8 @@ def _prune_beside_gitlab_job(
 ) -> dict:
     """The prune in this process while the GitLab job runs in its own; its times in ``figures``, the prune's totals
     returned (its report op's metadata)."""
-    from ..batches import BY_NAME
-    from ..prune_dagster_history.job import prune_dagster_history
+    from ci_cleanup.batches import BY_NAME
+    from ci_cleanup.prune_dagster_history.job import prune_dagster_history
 
     gitlab_started = time.monotonic()
     beside = _gitlab_job(stack_env, workdir)
@@ -147,7 +148,7 @@ def _prune_beside_gitlab_job(
 
 
 def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) -> dict[str, float]:
-    from ..stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+    from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 
     gitlab_db = create_engine(stack_env["CI_CLEANUP_DATABASE_URL"])
     dagster_db = create_engine(stack_env["CI_CLEANUP_DAGSTER_PG_URL"])
@@ -195,7 +196,7 @@ def bench(stack_env: dict[str, str], workdir: Path, runs: int, machines: int) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ci_cleanup.bench.prune", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ci_cleanup_dev.bench.prune", description=__doc__)
     parser.add_argument("--runs", type=int, default=10_000, help="old runs to delete")
     parser.add_argument("--machines", type=int, default=100_000, help="stale runner machines for the GitLab job")
     args = parser.parse_args(argv)

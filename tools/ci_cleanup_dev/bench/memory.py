@@ -1,4 +1,4 @@
-"""``python -m ci_cleanup.bench.memory URL REDIS_URL JOB``: one job's service over its candidates, and its peaks."""
+"""``python -m ci_cleanup_dev.bench.memory URL REDIS_URL JOB``: one job's service over its candidates, and its peaks."""
 
 import json
 import resource
@@ -8,7 +8,7 @@ import tracemalloc
 import redis
 from sqlalchemy import create_engine
 
-from .jobs import BY_NAME
+from ..batches import BY_NAME
 
 if __name__ == "__main__":
     url, redis_url, name = sys.argv[1:4]
