@@ -2,8 +2,9 @@
 
 The per-job tables of the demo and the benchmark are read from these modules, in the registry's order
 (``ci_cleanup.batches.BATCHES``): a batch of the registry without a module stops the demo and the benchmark,
-naming it. A module leaves out an entry its batch has no use for (``seed = None``, no ``RUNNERS``),
-saying why; ``ci_cleanup_tests/test_registry.py`` holds the list of those, each with its reason.
+naming it. A module leaves out an entry its batch has no use for (``seed = None``, no ``RUNNERS``), and says why
+in its ``EXEMPT`` (per-job table -> reason), which ``ci_cleanup_tests/test_registry.py`` checks: a batch is in
+every per-job table, or its own module says why not.
 """
 
 from __future__ import annotations
@@ -42,5 +43,7 @@ FLOORS = per_batch("FLOOR")  # floor(url, redis) -> (rows changed, batches) (ben
 SCOPED = per_batch("SCOPED")  # the tables whose candidate rows its launched runs may change (bench.launched)
 RUN_CONFIG = per_batch("RUN_CONFIG")  # the run config it is launched with, as JSON
 CASES = per_batch("CASES")  # cases(conn, redis, before): the cases its guards decide, beyond its plain candidates
+# (table, batch) for each per-job table a batch is left out of, its module's EXEMPT giving why
+EXEMPT = {(table, name) for name, reasons in per_batch("EXEMPT").items() for table in reasons}
 JOBS = [BenchJob(batch.name, batch.table, *RUNNERS[batch.name]) for batch in BATCHES if batch.name in RUNNERS]
 BY_NAME = {job.name: job for job in JOBS}
