@@ -66,6 +66,13 @@ def _fragment(package: str, name: str) -> str:
     return "\n".join(lines).strip()
 
 
+def condition(package: str, name: str, *, pyformat: bool = False) -> str:
+    """A rule's condition (``<package>/<name>.sql``) as statements elsewhere use it: the benchmark's hand-written
+    floors. ``pyformat``: its ``:parameters`` as psycopg2's ``%(parameter)s``."""
+    text = _fragment(package, name)
+    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", text) if pyformat else text
+
+
 @functools.lru_cache(maxsize=64)
 def _statement(sql_file: SqlFile, schema: GitLabSchema, dialect: Dialect) -> TextClause:
     return text(render(sql_file.expanded, declared_tables(schema), dialect, schema.absent))

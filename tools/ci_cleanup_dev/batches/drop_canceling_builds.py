@@ -18,6 +18,7 @@ from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH
 from ci_cleanup.drop_canceling_builds.service import TIMEOUT
 from ci_cleanup.gitlab.schema import GitLabSchema, naive_utc, utc_now
+from ci_cleanup.gitlab.sql_files import condition
 
 from ..bench.floor import on_a_connection
 from ..bench.jobs import S, loop, per_row
@@ -46,7 +47,8 @@ def seed(
 
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
-CANCELING = "type = 'Ci::Build' AND status = 'canceling' AND created_at < :cutoff AND updated_at < :cutoff"
+# The rule's condition, as the batch's statements have it (drop_canceling_builds/outdated_canceling.sql).
+CANCELING = condition("ci_cleanup.drop_canceling_builds", "outdated_canceling")
 
 
 def _drop_params():
@@ -102,17 +104,16 @@ def drop_per_row(engine, client, on_batch):
 DROP = """WITH dropped AS (
   UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, %(now)s),
          updated_at = %(now)s, lock_version = coalesce(lock_version, 0) + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds
-                       WHERE type = 'Ci::Build' AND status = 'canceling'
-                         AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
+  WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {canceling}
                        ORDER BY created_at, project_id, id LIMIT %(limit)s))
-    AND type = 'Ci::Build' AND status = 'canceling' AND created_at < %(cutoff)s AND updated_at < %(cutoff)s
+    AND {canceling}
   RETURNING id),
 pending AS (DELETE FROM ci_pending_builds WHERE id = ANY(ARRAY(
   SELECT id FROM ci_pending_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id))),
 running AS (DELETE FROM ci_running_builds WHERE id = ANY(ARRAY(
   SELECT id FROM ci_running_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id)))
-SELECT count(*) FROM dropped"""
+SELECT count(*) FROM dropped""".format(canceling=condition("ci_cleanup.drop_canceling_builds", "outdated_canceling",
+                                                        pyformat=True))
 
 
 def drop_floor(conn, client: redis.Redis) -> tuple[int, int]:

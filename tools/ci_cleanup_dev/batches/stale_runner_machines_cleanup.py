@@ -17,6 +17,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.engine import Connection
 
 from ci_cleanup.gitlab.schema import GitLabSchema, utc_now
+from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stale_runner_machines_cleanup.service import SUB_BATCH_LIMIT, stale_deadline
 
@@ -55,7 +56,9 @@ def seed(
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
 STALE_MAX_DELETIONS = 100_000
 
-STALE = "created_at <= :deadline AND (contacted_at IS NULL OR contacted_at <= :deadline)"
+# The rule's condition, as the batch's statements have it (stale_runner_machines_cleanup/stale.sql).
+STALE = condition("ci_cleanup.stale_runner_machines_cleanup", "stale")
+STALE_PY = condition("ci_cleanup.stale_runner_machines_cleanup", "stale", pyformat=True)
 
 
 def stale_job(engine, client, on_batch):
@@ -92,14 +95,14 @@ def stale_per_row(engine, client, on_batch):
 
 # -- stale_runner_machines_cleanup: two ordered scans of the contacted_at index, the stale rule repeated on the DELETE
 
-STALE_FLOOR = """WITH deleted AS (
+STALE_FLOOR = f"""WITH deleted AS (
   DELETE FROM ci_runner_machines WHERE id = ANY(ARRAY(
     SELECT id FROM ((SELECT id FROM ci_runner_machines WHERE contacted_at <= %(deadline)s AND created_at <= %(deadline)s
                      ORDER BY contacted_at DESC, id DESC LIMIT %(limit)s)
                     UNION ALL
                     (SELECT id FROM ci_runner_machines WHERE contacted_at IS NULL AND created_at <= %(deadline)s
                      ORDER BY contacted_at DESC, id DESC LIMIT %(limit)s)) stale LIMIT %(limit)s))
-    AND created_at <= %(deadline)s AND (contacted_at IS NULL OR contacted_at <= %(deadline)s)
+    AND {STALE_PY}
   RETURNING 1)
 SELECT count(*) FROM deleted"""
 
@@ -115,8 +118,7 @@ def stale_floor(conn, client: redis.Redis) -> tuple[int, int]:
         if not n:
             return total, batches
         if total >= STALE_MAX_DELETIONS:
-            cur.execute("SELECT count(*) FROM ci_runner_machines WHERE created_at <= %(deadline)s "
-                        "AND (contacted_at IS NULL OR contacted_at <= %(deadline)s)", {"deadline": deadline})
+            cur.execute(f"SELECT count(*) FROM ci_runner_machines WHERE {STALE_PY}", {"deadline": deadline})
             return total, batches
 
 
