@@ -25,6 +25,7 @@ from ci_cleanup.gitlab.schema import (
     utc_now,
 )
 from ci_cleanup.gitlab.sidekiq_status import status_key
+from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup.stuck_export_jobs import service as stuck_exports
 from ci_cleanup.stuck_export_jobs.service import CHUNK_SIZE, EXPORT_JOBS_EXPIRATION
 
@@ -77,19 +78,23 @@ def exports_job(engine, client, on_batch):
     ).stuck
 
 
+# The rule's condition, as the batch's statements have it (stuck_export_jobs/enqueued.sql).
+ENQUEUED = condition("ci_cleanup.stuck_export_jobs", "enqueued")
+
+
 def exports_raw(engine, client, on_batch):
     with engine.connect() as conn:
         total, after = 0, (conn.execute(text(FIRST_ENQUEUED)).one()[1] or 1) - 1
     while True:
         with engine.begin() as conn:
-            page = conn.execute(text("SELECT id, jid FROM project_export_jobs WHERE status IN (0, 1) AND id > :after "
+            page = conn.execute(text(f"SELECT id, jid FROM project_export_jobs WHERE {ENQUEUED} AND id > :after "
                                      "ORDER BY id LIMIT 1000"), {"after": after}).all()
             if not page:
                 return total
             completed = sidekiq_status.completed_jids(client, [r.jid for r in page])
             ids = [r.id for r in page if r.jid in completed]
             total += conn.execute(text("UPDATE project_export_jobs SET status = 3, updated_at = :now "
-                                       "WHERE id = ANY(:ids) AND status IN (0, 1)"),
+                                       f"WHERE id = ANY(:ids) AND {ENQUEUED}"),
                                   {"ids": ids, "now": utc_now()}).rowcount
         after = page[-1].id
         on_batch()
@@ -97,15 +102,15 @@ def exports_raw(engine, client, on_batch):
 
 def exports_per_row(engine, client, on_batch):
     def fail(conn, job_id):  # read the job, ask Sidekiq about its jid, fail it if still enqueued under that jid
-        read = text("SELECT id, jid FROM project_export_jobs WHERE id = :id AND status IN (0, 1)")
+        read = text(f"SELECT id, jid FROM project_export_jobs WHERE id = :id AND {ENQUEUED}")
         job = conn.execute(read, {"id": job_id}).first()
         if job is None or client.exists(sidekiq_status.status_key(job.jid)):
             return 0
         fail = text("UPDATE project_export_jobs SET status = 3, updated_at = :now "
-                    "WHERE id = :id AND jid = :jid AND status IN (0, 1)")
+                    f"WHERE id = :id AND jid = :jid AND {ENQUEUED}")
         return conn.execute(fail, {"id": job_id, "jid": job.jid, "now": utc_now()}).rowcount
 
-    page = "SELECT id FROM project_export_jobs WHERE status IN (0, 1) AND id > :after ORDER BY id LIMIT 100"
+    page = f"SELECT id FROM project_export_jobs WHERE {ENQUEUED} AND id > :after ORDER BY id LIMIT 100"
     return per_row(engine, page, {}, fail)
 
 
@@ -114,12 +119,12 @@ def exports_per_row(engine, client, on_batch):
 # parallel export in its 6 h grace. The fail of chunk k and the read of chunk k+1 are one statement (the page is
 # past chunk k's ids, so the two never meet): one database and one Redis round trip per chunk.
 
-FIRST_ENQUEUED = "SELECT count(*), min(id) FROM project_export_jobs WHERE status IN (0, 1)"
+FIRST_ENQUEUED = f"SELECT count(*), min(id) FROM project_export_jobs WHERE {ENQUEUED}"
 
-EXPORTS = """WITH failed AS (
+EXPORTS = f"""WITH failed AS (
   UPDATE project_export_jobs j SET status = 3, updated_at = %(now)s
   FROM unnest(%(ids)s::bigint[], %(jids)s::text[]) AS checked(id, jid)
-  WHERE j.id = checked.id AND j.jid = checked.jid AND j.status IN (0, 1)
+  WHERE j.id = checked.id AND j.jid = checked.jid AND j.{ENQUEUED}
     AND NOT (j.created_at > %(grace_cutoff)s
              AND EXISTS (SELECT 1 FROM project_relation_exports r WHERE r.project_export_job_id = j.id OFFSET 0))
   RETURNING 1),
@@ -152,7 +157,7 @@ def exports_floor(conn, client: redis.Redis) -> tuple[int, int]:
 def _export_cases(conn, client: redis.Redis, before: dict[str, int]) -> None:
     # Exports an earlier bench's rounds spared (running, or in their grace) are still enqueued: every idle
     # run would page through them. Finished, as they would be by now.
-    conn.execute(text("UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND status IN (0, 1)"),
+    conn.execute(text(f"UPDATE project_export_jobs SET status = 2 WHERE id <= :before AND {ENQUEUED}"),
                  {"before": before["project_export_jobs"]})
     # A tenth are parallel exports (relation exports), half of those inside the 6-hour grace: spared.
     conn.execute(text("""
