@@ -100,7 +100,7 @@ def start(context: OpExecutionContext, run_options: RunOptions, gitlab_redis: Gi
     if lease.obtain(held):
         gitlab_redis.hold_until_teardown(held)  # given back then if a step fails: no failure hook, no HOOK_SKIPPED
         brake.keep = lease.keeper(held)
-        return Start(RunMode.RUN, details=store, brake=brake, lease=leases.RunLease(held, brake.keep, gitlab_redis))
+        return Start(RunMode.RUN, details=store, brake=brake, lease=leases.RunLease(held, gitlab_redis))
     return _skip_for_held_lease(context, held, store)
 
 

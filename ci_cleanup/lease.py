@@ -2,7 +2,7 @@
 (``batch_job(..., lease=Lease(KEY, TTL))``), and never handled by its ops.
 
 The first op takes it (:func:`ci_cleanup.batch.start`; a held lease skips the run, as GitLab's workers skip), the
-run's loop renews it between batches (its brake calls :meth:`RunLease.keep`), and the last op gives it back
+run's loop renews it between batches (its brake calls :meth:`Lease.keeper`'s renewal), and the last op gives it back
 (:func:`ci_cleanup.batch.finish`). After a failed step the run's Redis resource gives it back when it closes. A
 run's lease value is its Dagster run id (a uuid, as GitLab's leases hold), so nothing ever releases another run's.
 """
@@ -76,10 +76,9 @@ def of_job(job_name: str) -> Lease | None:
 
 @dataclass(frozen=True)
 class RunLease:
-    """The lease a run holds: renewed between its batches, given back once."""
+    """The lease a run holds (renewed by the run's brake after each batch: :meth:`Lease.keeper`), given back once."""
 
     held: ExclusiveLease
-    keep: Callable[[], None]  # the brake calls it after each batch (Lease.keeper)
     resource: object  # the run's GitLabRedis: gives the lease back when it closes, unless the run did
 
     def give_back(self) -> None:
