@@ -487,7 +487,9 @@ def test_every_queue_row_of_a_dropped_build_goes_without_gitlabs_unique_indexes(
     scratch.dispose()
 
 
-@pytest.mark.parametrize("name", ["builds 'quoted'", "Builds;Drop", "BUILDS_É", 'builds "x"'])
+# A % is the driver's placeholder sign: doubled in SQL text, and as it is in to_regclass' value.
+@pytest.mark.parametrize("name", ["builds 'quoted'", "Builds;Drop", "BUILDS_É", 'builds "x"', "100% builds",
+                                  "builds%s"])
 def test_a_configured_builds_table_whose_name_needs_quoting_is_used(stack, scratch_database, redis_client, name):
     quoted = '"' + name.replace('"', '""') + '"'
     scratch = gitlab_database(scratch_database, f"ALTER TABLE ci_builds RENAME TO {quoted}")

@@ -73,7 +73,9 @@ from .tables import (  # noqa: F401
     project_relation_exports,
 )
 
-_POSTGRESQL = postgresql.dialect()
+# A dialect that writes names as they are: one with psycopg2's paramstyle (pyformat) doubles each % in a name, which
+# is right inside SQL text and wrong in a value (to_regclass('"ci%%builds"') finds no ci%builds).
+_POSTGRESQL = postgresql.dialect(paramstyle="named")
 
 
 def utc_now() -> dt.datetime:

@@ -24,7 +24,7 @@ from importlib import resources
 from sqlalchemy import Table, TextClause, text
 from sqlalchemy.engine import Dialect
 
-from .schema import GitLabSchema, declared_tables
+from .schema import GitLabSchema, declared_tables, regclass
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def condition(package: str, name: str, *, pyformat: bool = False) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _statement(sql_file: SqlFile, schema: GitLabSchema, dialect: Dialect) -> TextClause:
-    return text(render(sql_file.expanded, declared_tables(schema), dialect, schema.absent))
+    return text(render(sql_file.expanded, declared_tables(schema), schema.absent))
 
 
 _RELEASE_LINE = re.compile(r"--\s*(if|unless)\s+(\w+\.\w+)\s*$")
@@ -88,10 +88,11 @@ def _sent(line: str, absent: frozenset[str]) -> bool:
     return marked is None or (marked.group(1) == "if") == (marked.group(2) not in absent)
 
 
-def render(sql: str, tables: dict[str, Table], dialect: Dialect, absent: frozenset[str] = frozenset()) -> str:
+def render(sql: str, tables: dict[str, Table], absent: frozenset[str] = frozenset()) -> str:
     """``sql`` without its comment lines and the lines for the columns ``absent`` (``table.column``) or not, each
-    table named as ``tables`` has it (one pass: no name is replaced twice)."""
+    table named as ``tables`` has it (one pass: no name is replaced twice). A name is written as it is, a ``%`` in it
+    too: ``text()`` escapes it for the driver, as it does the statement's own."""
     body = "\n".join(line for line in sql.splitlines() if _sent(line, absent)).strip()
-    names = {declared: dialect.identifier_preparer.format_table(table) for declared, table in tables.items()}
+    names = {declared: regclass(table) for declared, table in tables.items()}
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
     return pattern.sub(lambda found: names[found.group(1)], body)
