@@ -11,6 +11,8 @@ FROM ci_deleted_objects
 WHERE pick_up_at < :now
   AND pick_up_at >= CAST(:after_pick_up_at AS timestamptz)
   AND (pick_up_at, id) > (CAST(:after_pick_up_at AS timestamptz), :after_id)
-ORDER BY pick_up_at, id
+-- The column, not the text column of the same name the list makes (ORDER BY takes that one first: it
+-- would put year 1 before 44 BC, in an order each session time zone changes).
+ORDER BY ci_deleted_objects.pick_up_at, id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
