@@ -30,6 +30,7 @@ from dagster import (
 )
 
 from . import lease as leases
+from .console import LOGGER_DEFS
 from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
 from .resources import GitLabRedis, RunOptions
@@ -114,7 +115,7 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, sto
         context.log.warning(f"Lease {lease.redis_key} has no TTL: it is never released by expiry, so every run skips")
     context.instance.add_run_tags(context.run_id, tags)
     context.log.info(f"Lease {lease.key} is held by another process; skipping as GitLab's worker does")
-    return Start(RunMode.SKIPPED, "lease held", {"lease_ttl_seconds": ttl, **store})
+    return Start(RunMode.SKIPPED, "lease held", {"lease": lease.redis_key, "lease_ttl_seconds": ttl, **store})
 
 
 def finish(
@@ -127,13 +128,20 @@ def finish(
         begun.lease.give_back()
     status = "success" if begun.runs else begun.status
     dry = dict(would or {}) if begun.mode is RunMode.DRY_RUN else {}
+    # In the run's log, so that a run launched from a terminal (``dagster job execute``) shows its result.
     if begun.mode is RunMode.DRY_RUN:
-        # In the run's log, so that a dry run launched from a terminal (``dagster job execute``) shows its result.
-        counts = ", ".join(f"{k} {v}" for k, v in dry.items() if isinstance(v, int) and not isinstance(v, bool))
-        context.log.info(f"Dry run, nothing changed: {counts or 'nothing would change'}")
+        context.log.info(f"Dry run, nothing changed: {_counts(dry) or 'nothing would change'}")
+    elif begun.runs:
+        context.log.info(f"Done: {_counts(metadata)}")
+    else:
+        context.log.info(f"Skipped ({begun.why_skipped}), nothing changed")
     # What would change leads a dry run's metadata, ahead of the totals of what it did (nothing).
     totals = {**{k: v for k, v in metadata.items() if k not in dry}, **begun.brake.metadata}
     report_run(context, {**dry, "status": status, **totals}, tags)
+
+
+def _counts(metadata: Mapping[str, object]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in metadata.items() if isinstance(v, int) and not isinstance(v, bool))
 
 
 def find_process_report(find: OpDefinition, process: OpDefinition, report: OpDefinition) -> Callable[[], None]:
@@ -162,7 +170,7 @@ def batch_job(
     tags = {"ci_cleanup/job": name, "dagster/max_runtime": str(max_runtime_seconds)}
     if seed is not None:
         tags["ci_cleanup/seed"] = seed
-    batch = job(name=name, description=description, tags=tags)(graph)
+    batch = job(name=name, description=description, tags=tags, logger_defs=LOGGER_DEFS)(graph)
     if lease is not None:
         leases.declare(name, lease)
     schedule = ScheduleDefinition(name=f"{name}_schedule", job=batch, cron_schedule=cron, execution_timezone="UTC")

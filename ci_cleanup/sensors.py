@@ -42,6 +42,7 @@ from dagster import (
 )
 
 from .alerts import send_alert
+from .errors import cause_line
 from .runs import LEASE_WITHOUT_TTL_TAG, MAX_DELETIONS_TAG, ROWS_WITH_ERRORS_TAG, SKIPPED_TAG
 
 FAILURES_IN_A_ROW = 3  # failed runs in a row that raise an alert (the artifacts workers' threshold)
@@ -71,9 +72,14 @@ def _in_a_row(context, n: int, holds, statuses=FINISHED) -> list:
 )
 def run_failed_alert(context: RunFailureSensorContext) -> None:
     run = context.dagster_run
+    # The cause in one line (a setting out of bounds, a missing column), not only "Steps failed: [...]"
+    error = getattr(context.failure_event.event_specific_data, "error", None)
+    steps = [event.step_key for event in context.get_step_failure_events()]
+    cause = f"{', '.join(steps)}: {cause_line(error)}" if error and steps else (
+        cause_line(error) if error else context.failure_event.message)
     send_alert(
-        "run_failed", f"ci_cleanup: {run.job_name} run {run.run_id} failed: {context.failure_event.message}",
-        job=run.job_name, run_id=run.run_id,
+        "run_failed", f"ci_cleanup: {run.job_name} run {run.run_id} failed: {cause}", job=run.job_name,
+        run_id=run.run_id,
     )
 
 

@@ -244,3 +244,26 @@ def test_a_run_with_nothing_to_alert_has_no_line_of_a_hook_or_a_sensor_in_its_lo
         tick = sensor.evaluate_tick(
             build_sensor_context(instance=instance, repository_def=repository, cursor=cursors[sensor.name]))
         assert tick.dagster_run_reactions == [] and tick.skip_message, (sensor.name, tick)
+
+
+def test_a_run_failed_on_an_out_of_range_setting_is_alerted_in_that_one_line(stack, engine, redis_client, webhook):
+    """Not only "Steps failed: [...]": the step and its cause, as the run's log has it."""
+    from .factories import create, naive_ago, row
+
+    build = create(engine, "ci_builds", status="canceling", created_at=naive_ago(hours=2),
+                   updated_at=naive_ago(hours=2))
+    before = row(engine, "ci_builds", build)
+    instance = DagsterInstance.ephemeral()
+    result = run_job(drop_canceling_builds, stack, instance=instance, raise_on_error=False,
+                     run_config={"ops": {"find_canceling_builds": {"config": {"batch_size": 0}}}})
+
+    run_failed_alert(build_run_status_sensor_context(
+        sensor_name="s", dagster_event=result.get_run_failure_event(), dagster_instance=instance,
+        dagster_run=result.dagster_run,
+    ).for_run_failure())
+
+    assert [alert["text"] for alert in webhook] == [
+        f"ci_cleanup: drop_canceling_builds run {result.run_id} failed: find_canceling_builds: "
+        "ValueError: batch_size must be at least 1, not 0"
+    ]
+    assert row(engine, "ci_builds", build) == before

@@ -168,7 +168,7 @@ def _demo(data_dir, *args: str, **env) -> subprocess.CompletedProcess:
 
 
 def _counts(demo: subprocess.CompletedProcess) -> list[str]:
-    """What a demo printed after seeding, but the one clock reading (prune's oldest_kept: now, with no runs)."""
+    """What a demo printed after seeding, but the one clock reading (prune's oldest_kept: its first run's end)."""
     lines = demo.stdout.splitlines()
     return [line for line in lines[lines.index("Seeded the demo GitLab dataset"):] if "oldest_kept" not in line]
 
@@ -252,6 +252,33 @@ def test_dry_run_from_the_cli_changes_nothing(stack, engine, redis_client, tmp_p
     with engine.connect() as conn:
         assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
     assert redis_client.keys("gitlab:exclusive_lease:*") == []
+
+
+def test_an_out_of_range_setting_through_dagsters_cli_is_one_line_and_changes_nothing(
+        stack, engine, redis_client, tmp_path):
+    """Dagster's config schema has no bounds, so the run starts and its first op refuses batch_size 0 in one line.
+    With the jobs' console logger named in the run config (docs/configuration.md) that line is the error, whole;
+    without it Dagster's default console prints the same line between its stack traces."""
+    seed(engine, redis_client)
+    with engine.connect() as conn:
+        before = conn.scalar(text(WORK["drop_canceling_builds"]))
+    bad = "ops: {find_canceling_builds: {config: {batch_size: 0}}}\n"
+    (tmp_path / "bad.yaml").write_text(bad)
+    (tmp_path / "short.yaml").write_text(bad + "loggers: {console: {config: {log_level: INFO}}}\n")
+    env = clean_env(CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url)
+    runs = {name: subprocess.run(
+        [BIN / "dagster", "job", "execute", "-m", "ci_cleanup", "-j", "drop_canceling_builds", "-c", f"{name}.yaml"],
+        env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300) for name in ("bad", "short")}
+
+    cause = "ValueError: batch_size must be at least 1, not 0"
+    short = runs["short"].stderr.splitlines()
+    assert runs["short"].returncode == 1 and len(short) == 5, short
+    assert short[0].endswith(f' - find_canceling_builds - STEP_FAILURE - Execution of step "find_canceling_builds" '
+                             f"failed. {cause}"), short[0]
+    assert short[3].endswith(f"Steps failed: ['find_canceling_builds']. {cause}")
+    assert runs["bad"].returncode == 1 and cause in runs["bad"].stderr.splitlines()
+    with engine.connect() as conn:
+        assert conn.scalar(text(WORK["drop_canceling_builds"])) == before
 
 
 def test_a_run_is_re_executed_whole_never_from_a_later_step(stack, engine, redis_client, tmp_path, monkeypatch):

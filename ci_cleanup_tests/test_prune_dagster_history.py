@@ -47,9 +47,9 @@ from .runner import failure_messages, op_metadata, run_job
 
 S, F, C = DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED
 RUNS_ASSET = AssetKey(["dagster", "runs"])
-# The template run's events: run and step events of its 3 ops, its 5 sub-batches in one observation, in one
-# process.
-EVENTS = 23
+# The template run's events: run and step events of its 3 ops, its 5 sub-batches in one observation, and the
+# report op's summary line ("Done: …"), in one process.
+EVENTS = 24
 ORPHAN_EVENTS = "SELECT count(*) FROM event_logs WHERE run_id <> '' AND run_id NOT IN (SELECT run_id FROM runs)"
 
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from dagster import DagsterInstance
-from sqlalchemy import create_engine, delete, insert, select, text
+from sqlalchemy import TIMESTAMP, cast, create_engine, delete, insert, literal, select, text
 
 from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets
@@ -855,6 +855,57 @@ def test_dry_run_with_the_flag_off_is_skipped(stack, engine, redis_client):
     assert redis_client.keys("*") == []
     assert op_metadata(result, REPORT)["status"] == "skipped: bulk_delete_job_artifacts disabled"
     assert result.dagster_run.tags.get(DRY_RUN_TAG) == "true"
+
+
+# pick_up_at as GitLab may have written it (unclamped before 17.5), each out of Python's datetime range but the last:
+# -infinity, BC, year 1 and a leap second (stored as the next minute's first).
+EXTREME_PICK_UP_AT = ("-infinity", "4713-01-01 00:00:00+00 BC", "0044-03-15 12:00:00+00 BC", "0001-01-01 00:00:00+00",
+                      "2016-12-31 23:59:60+00")
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Pacific/Kiritimati", "Asia/Kolkata"])
+def test_due_rows_with_extreme_pick_up_at_are_done_in_the_same_run_as_the_rest_in_any_session_time_zone(
+    stack, redis_client, scratch_database, tmp_path, no_root_env, zone
+):
+    """One row a batch, so each batch pages on from the last row's pick_up_at: ordered by the column, not by its
+    text (which put year 1 before 44 BC, and left the BC rows for a later run)."""
+    scratch = gitlab_database(scratch_database)
+    in_zone = scratch_database + ("&" if "?" in scratch_database else "?") + f"options=-c%20TimeZone%3D{zone}"
+    paths, rows = [], []
+    for i, value in enumerate((*EXTREME_PICK_UP_AT, None)):
+        paths.append(stored_file(tmp_path, f"ab/cd/{i}"))
+        pick_up_at = cast(literal(value), TIMESTAMP(timezone=True)) if value else ago(hours=1)
+        rows.append(create(scratch, "ci_deleted_objects", store_dir=f"ab/cd/{i}", file="artifacts.zip", file_store=1,
+                           project_id=1, pick_up_at=pick_up_at))
+    config = files_run_config(tmp_path, batch_size=1)
+
+    dry = run_job(delete_expired_artifact_files, stack, database_url=in_zone, run_config=config, dry_run=True)
+    result = run_job(delete_expired_artifact_files, stack, database_url=in_zone, run_config=config)
+
+    assert op_metadata(dry, FILES_REPORT)["would_delete_row_ids"] == rows  # in pick_up_at order
+    report = op_metadata(result, FILES_REPORT)
+    assert (report["files_removed"], report["batches"], report[ROWS_WITH_ERRORS]) == (6, 6, 0)
+    assert ids(scratch, "ci_deleted_objects") == [] and not any(path.exists() for path in paths)
+    scratch.dispose()
+
+
+def test_an_out_of_range_setting_fails_the_run_in_one_line_naming_it_and_its_bound(
+    stack, engine, redis_client, tmp_path, no_root_env
+):
+    """Dagster's config schema has no bounds: the Launchpad accepts batch_size 0, and the op's config refuses it as it
+    is built, before the op reads or writes anything (ci_cleanup.settings)."""
+    path = stored_file(tmp_path, "ab/cd/z")
+    row_id = deleted_object_row(engine, store_dir="ab/cd/z")
+
+    results = [run_job(delete_expired_artifact_files, stack, raise_on_error=False,
+                       run_config=files_run_config(tmp_path, **config))
+               for config in ({"batch_size": 0}, {"max_batches": 10_001, "batch_size": 1001})]
+
+    assert [step_failure_message(result) for result in results] == [
+        "ValueError: batch_size must be at least 1, not 0\n",
+        "ValueError: batch_size must be at most 1000, not 1001; max_batches must be at most 10000, not 10001\n",
+    ]
+    assert path.exists() and ids(engine, "ci_deleted_objects") == [row_id]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ find (schema check, lease, count) -> drop in batches -> report (the run's totals
 import datetime as dt
 from dataclasses import dataclass, field
 
-from dagster import Config, OpExecutionContext, op
+from dagster import OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -15,6 +15,7 @@ from ..gitlab.schema import naive_utc, utc_now
 from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
+from ..settings import BoundedConfig
 from . import service
 from .uses import USES
 
@@ -23,7 +24,7 @@ LEASE_TTL_SECONDS = 30 * 60
 ASSET = ("gitlab", "ci_builds")
 
 
-class DropCancelingBuildsConfig(Config):
+class DropCancelingBuildsConfig(BoundedConfig):
     timeout_minutes: int = Field(
         default=int(service.TIMEOUT.total_seconds() // 60), ge=1, le=30 * 24 * 60,
         description="A build canceling and untouched this long is dropped (GitLab's TIMEOUT, 1 hour)",

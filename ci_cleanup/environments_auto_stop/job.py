@@ -6,7 +6,7 @@ find (schema check, lease, count) -> stop in batches -> report (the run's totals
 import datetime as dt
 from dataclasses import dataclass
 
-from dagster import Config, Failure, OpExecutionContext, op
+from dagster import Failure, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -15,6 +15,7 @@ from ..gitlab.schema import missing_unique_index, utc_now
 from ..lease import Lease
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
+from ..settings import BoundedConfig
 from . import service
 from .uses import USES
 
@@ -23,7 +24,7 @@ LEASE_TTL_SECONDS = 50 * 60  # AutoStopService::LOCK_TIMEOUT
 ASSET = ("gitlab", "environments")
 
 
-class EnvironmentsAutoStopConfig(Config):
+class EnvironmentsAutoStopConfig(BoundedConfig):
     batch_size: int = Field(
         default=service.BATCH_SIZE, ge=1, le=1000, description="Environments per batch (GitLab's 100)"
     )

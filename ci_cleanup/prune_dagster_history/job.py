@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dagster import Config, DagsterInstance, OpExecutionContext, op
+from dagster import DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -20,6 +20,7 @@ from ..gitlab.schema import utc_now
 from ..lease import Lease
 from ..resources import GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, observe
+from ..settings import BoundedConfig
 from . import service
 
 # Two prune runs at once would write a day's totals twice: a lease, on the same Redis as the others' leases.
@@ -34,7 +35,7 @@ KEEP_FAILED_DAYS_ENV = "CI_CLEANUP_PRUNE_KEEP_FAILED_DAYS"
 MAX_KEEP_DAYS = 3650
 
 
-class PruneDagsterHistoryConfig(Config):
+class PruneDagsterHistoryConfig(BoundedConfig):
     keep_days: int | None = Field(
         default=None, ge=1, le=MAX_KEEP_DAYS,
         description="Successful and canceled runs of the last keep_days whole UTC days are kept, with their events. "
@@ -157,14 +158,14 @@ def report_pruned_runs(context: OpExecutionContext, pruned: Pruned) -> None:
     if result.time_limit_reached:
         minutes = int(plan.limits.max_runtime.total_seconds() // 60)
         context.log.warning(f"Stopped after {minutes} minutes; the rest goes in the next run")
-    kept = service.oldest_kept(context.instance)
+    kept = service.oldest_kept(context.instance, context.run_id)
     finish(
         context, plan.start,
         {
             ROWS_CHANGED: result.runs_deleted,
             "runs_deleted": result.runs_deleted,
             "events_deleted": result.events_deleted,
-            "oldest_kept": kept.isoformat() if kept else "none",
+            "oldest_kept": kept.isoformat() if kept else "none (no run but this one)",
             "days_summarised": result.days_summarised,
             "batch_counts": result.batch_counts,
             "resumed_run_ids": result.resumed_run_ids,

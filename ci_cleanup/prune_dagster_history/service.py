@@ -154,9 +154,10 @@ def oldest_first(instance: DagsterInstance, runs_filter: RunsFilter | None, limi
     return list(instance.get_run_records(runs_filter, limit=limit, order_by="update_timestamp", ascending=True))
 
 
-def oldest_kept(instance: DagsterInstance) -> dt.datetime | None:
-    """When the oldest run left was last updated (None: no run left)."""
-    records = oldest_first(instance, None, 1)
+def oldest_kept(instance: DagsterInstance, this_run: str | None = None) -> dt.datetime | None:
+    """When the oldest run left, other than ``this_run`` (the pruning run, updated now), was last updated (None: no
+    other run left)."""
+    records = [r for r in oldest_first(instance, None, 2) if r.dagster_run.run_id != this_run]
     return records[0].update_timestamp if records else None
 
 

@@ -21,11 +21,14 @@ class RunOptions(ConfigurableResource):
         default=False,
         description="Find and report exactly what would change, and write nothing: no rows, leases or buckets",
     )
+    # Bounds checked by brake() as the first op starts, not by pydantic here: a resource whose config fails to build
+    # stops `dagster job execute` with Dagster's own traceback, where the op's check is the run's one-line failure.
     duty_cycle: float | None = Field(
-        default=None, gt=0, le=1,
-        description="The brake: the share of the run's time spent in batches. After each batch the run pauses for "
-                    "the batch's time × (1 − duty_cycle) / duty_cycle, leaving the database to GitLab's own "
-                    f"traffic. Unset: env {DUTY_CYCLE_ENV}, else 1 (no pause). docs/configuration.md, \"The brake\"",
+        default=None,
+        description="The brake, more than 0 and at most 1: the share of the run's time spent in batches. After each "
+                    "batch the run pauses for the batch's time × (1 − duty_cycle) / duty_cycle, leaving the database "
+                    f"to GitLab's own traffic. Unset: env {DUTY_CYCLE_ENV}, else 1 (no pause). docs/configuration.md, "
+                    "\"The brake\"",
     )
 
     def brake(self) -> Brake:
@@ -35,7 +38,7 @@ class RunOptions(ConfigurableResource):
         raw = os.environ.get(DUTY_CYCLE_ENV, "").strip()
         try:
             return Brake(float(raw) if raw else 1.0)
-        except ValueError:
+        except ValueError:  # not a number, or out of (0, 1]
             raise ValueError(f"{DUTY_CYCLE_ENV} must be a number above 0 and at most 1, not {raw!r}") from None
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagster import Config, OpExecutionContext, op
+from dagster import OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -20,6 +20,7 @@ from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import FILE_STORE_REMOTE, utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
+from ..settings import BoundedConfig
 from . import files
 from .job import DELETED_OBJECTS
 from .uses import FILES_USES
@@ -30,7 +31,7 @@ ARTIFACTS_ROOT_ENV = "CI_CLEANUP_ARTIFACTS_ROOT"
 FILES_MAX_RUNTIME_SECONDS = 10 * 60
 
 
-class DeleteExpiredArtifactFilesConfig(Config):
+class DeleteExpiredArtifactFilesConfig(BoundedConfig):
     artifacts_root: str | None = Field(
         default=None,
         description=f"Local artifacts storage (GitLab's artifacts path); default env {ARTIFACTS_ROOT_ENV}. "
@@ -100,6 +101,9 @@ def plan_artifact_file_removal(
             with _storages(root, store) as storages:
                 preview = files.preview(conn, schema, storages, utc_now(), MAX_IDS_REPORTED)
             would = _would(preview)
+    if begun.mode is RunMode.DRY_RUN:
+        context.log.info("Counting the rows queued now: those schedule_bulk_delete_job_artifacts queues before the "
+                         "next run are not in the would_… counts (its dry run queues nothing)")
     if root is None:
         context.log.warning(f"No artifacts root ({ARTIFACTS_ROOT_ENV} or artifacts_root): local files are left")
     left = _object_store_left(store, config.object_store)

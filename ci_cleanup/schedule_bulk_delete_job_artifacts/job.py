@@ -18,7 +18,7 @@ import datetime as dt
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from dagster import Config, OpExecutionContext, op
+from dagster import OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, skipped, start
@@ -27,6 +27,7 @@ from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver, table
+from ..settings import BoundedConfig
 from . import service
 from .uses import USES
 
@@ -39,7 +40,7 @@ WORKER_COLUMNS = [
 ]
 
 
-class BulkDeleteJobArtifactsConfig(Config):
+class BulkDeleteJobArtifactsConfig(BoundedConfig):
     batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Artifacts per batch (GitLab's 100)")
     max_batches: int = Field(
         default=service.MAX_BATCHES, ge=1, le=10_000, description="Batches per bucket worker run (GitLab's 500)"
@@ -106,6 +107,12 @@ def schedule_buckets(
         context.log.warning(
             f"Retired {buckets.stray_count} stray members of {artifact_buckets.AVAILABLE_KEY} (not a bucket below "
             f"{flags.max_buckets} as GitLab writes it): {list(buckets.strays)}"
+        )
+    if buckets.missing_count:
+        context.log.info(
+            f"Added {buckets.missing_count} buckets to {artifact_buckets.AVAILABLE_KEY} (missing_count): "
+            + ("none existed yet, a first run" if not (buckets.available_count or buckets.occupied_count)
+               else "lost, or max_buckets raised")
         )
     context.log.info(f"Scheduled buckets: {_bucket_metadata(buckets)}")
     context.add_output_metadata({**_bucket_metadata(buckets), **gitlab_tables, **begun.metadata,

@@ -9,7 +9,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass, field
 
-from dagster import Config, OpExecutionContext, op
+from dagster import OpExecutionContext, op
 from pydantic import Field, model_validator
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -17,6 +17,7 @@ from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
 from ..runs import MAX_DELETIONS_TAG, MAX_IDS_REPORTED, ROWS_CHANGED, BatchObserver
+from ..settings import BoundedConfig
 from . import service
 from .uses import USES
 
@@ -27,7 +28,7 @@ MAX_RUNTIME_SECONDS = 30 * 60
 MAX_SUB_BATCHES = 1000  # keeps batch_counts and the per-sub-batch observations of one run bounded
 
 
-class StaleRunnerMachinesCleanupConfig(Config):
+class StaleRunnerMachinesCleanupConfig(BoundedConfig):
     stale_after_days: int = Field(
         default=service.STALE_TIMEOUT.days, ge=1, le=3650,
         description="A machine created and last contacted this long ago is stale (GitLab's STALE_TIMEOUT, 7 days)",

@@ -8,7 +8,7 @@ update), which make a repeated or concurrent run harmless.
 import datetime as dt
 from dataclasses import dataclass
 
-from dagster import Config, OpExecutionContext, op
+from dagster import OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
@@ -16,6 +16,7 @@ from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, observe, track_exception
+from ..settings import BoundedConfig
 from . import service
 from .uses import USES
 
@@ -25,7 +26,7 @@ ASSET = ("gitlab", "project_export_jobs")
 MAX_RUNTIME_SECONDS = 30 * 60
 
 
-class StuckExportJobsConfig(Config):
+class StuckExportJobsConfig(BoundedConfig):
     chunk_size: int = Field(
         default=service.CHUNK_SIZE, ge=1, le=10_000,
         description="Export jobs read, and jids asked of Sidekiq's Redis in one EXISTS pipeline, per chunk",
