@@ -12,9 +12,12 @@ import os
 from dagster import Field
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import DagsterPostgresException
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
 
-from .resources import database_url
+from .resources import AuthenticationFailed, database_url, unreachable
 
 PG_URL_ENV = "CI_CLEANUP_DAGSTER_PG_URL"
 EXAMPLE_URL = "postgresql+psycopg2://user:password@host:5432/dagster"
@@ -40,6 +43,26 @@ def instance_url(variable: str = PG_URL_ENV) -> str:
         raise InstanceConfigError(f"{e}: set {variable}={EXAMPLE_URL}") from None
 
 
+def refuse_wrong_login(url: str, variable: str) -> None:
+    """One try before dagster-postgres' own: a server that refuses the user or password answers at once, and
+    retrying it (six warnings over a minute) then telling to check that it is up would send the operator the wrong
+    way. Any other failure is left to dagster-postgres' retries (a server still starting)."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as e:
+        error = unreachable(f"the Dagster instance's PostgreSQL at {shown_url(url)} ({variable})", str(e.orig))
+        if isinstance(error, AuthenticationFailed):
+            raise InstanceConfigError(f"{error}: check the user and password in {variable}") from None
+    finally:
+        engine.dispose()
+
+
+def shown_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
 class PostgresStorage(DagsterPostgresStorage):
     """dagster-postgres' run, event-log and schedule storage; ``postgres_url_env`` names the variable holding the
     URL, so that the password stays in the environment and never in the instance's config or the UI."""
@@ -55,11 +78,11 @@ class PostgresStorage(DagsterPostgresStorage):
     def from_config_value(cls, inst_data, config_value):
         variable = config_value["postgres_url_env"]
         url = instance_url(variable)
+        refuse_wrong_login(url, variable)
         try:
             return cls(postgres_url=url, should_autocreate_tables=config_value["should_autocreate_tables"],
                        inst_data=inst_data)
         except DagsterPostgresException:  # dagster-postgres has retried the connection for a while
-            shown = make_url(url).render_as_string(hide_password=True)
             raise InstanceConfigError(
-                f"cannot connect to {shown} ({variable}): check that the server is up and the URL is right"
+                f"cannot connect to {shown_url(url)} ({variable}): check that the server is up and the URL is right"
             ) from None
