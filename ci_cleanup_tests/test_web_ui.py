@@ -153,6 +153,24 @@ def test_launchpad_dry_run_of_drop_canceling_builds_succeeds_with_its_metadata(d
     sync_api.expect(page.get_by_text("ci_cleanup/dry_run").first).to_be_visible()
 
 
+def test_an_out_of_range_setting_launched_from_the_launchpad_fails_in_one_line_changing_nothing(dev_ui, page):
+    """Dagster's config schema has no bounds: the Launchpad accepts batch_size 0 (its description names the bounds),
+    and the run fails in its first op with the one line naming the setting and the bound."""
+    open_page(page, f"{dev_ui}/locations/ci_cleanup/jobs/drop_canceling_builds/playground")
+    editor = page.locator(".CodeMirror").first
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.type("ops: {find_canceling_builds: {config: {batch_size: 0}}}")
+    page.get_by_role("button", name="Launch Run").click()
+
+    page.wait_for_url(re.compile(r".*/runs/[0-9a-f-]{36}.*"))
+    sync_api.expect(page.get_by_text("Failure", exact=True).first).to_be_visible(timeout=120_000)
+    sync_api.expect(page.get_by_text("ValueError: batch_size must be at least 1, not 0").first).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "batch_size_0.png"))
+
+
 def test_a_run_launched_from_the_ui_is_plotted_where_docs_ui_md_says(dev_ui, page):
     """docs/ui.md: Catalog → gitlab → ci_builds → Metadata → Plots, one plot per number the batches observe."""
     open_page(page, f"{dev_ui}/locations/ci_cleanup/jobs/drop_canceling_builds/playground")
