@@ -10,19 +10,23 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import itertools
 import os
 import re
 import shutil
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 
 from ci_cleanup.cli import main
+from ci_cleanup.drop_canceling_builds import uses as drop_uses
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop import uses as environments_uses
 from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab.release import KNOWN, RELEASE_TABLES, Release, detect_release, read_catalog
 from ci_cleanup.gitlab.schema import (
@@ -30,15 +34,19 @@ from ci_cleanup.gitlab.schema import (
     MAIN_DATABASE,
     GitLabSchema,
     SchemaMismatch,
+    WherePresent,
     database_of,
     detect_tables,
     require_columns,
     where_present,
 )
 from ci_cleanup.gitlab.sidekiq_status import status_key
+from ci_cleanup.schedule_bulk_delete_job_artifacts import uses as artifacts_uses
 from ci_cleanup.schedule_bulk_delete_job_artifacts.files_job import delete_expired_artifact_files
 from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_delete_job_artifacts
+from ci_cleanup.stale_runner_machines_cleanup import uses as runner_uses
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
+from ci_cleanup.stuck_export_jobs import uses as export_uses
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 from ci_cleanup_dev.ddl import create_schema, ddl, lock_writes, truncate_all
 from ci_cleanup_dev.devstack import PgBouncer
@@ -435,3 +443,61 @@ def test_ci_cleanup_schema_create_makes_a_release_from_the_packaged_files(stack,
         engine.dispose()
     assert tuple(tables) == (True, True, True)
     assert "Creating the GitLab schema (18.y)" in capsys.readouterr().out
+
+
+# Every job's USES (its start-up check), by job: what decides whether a release is refused.
+JOB_USES = {
+    "drop_canceling_builds": drop_uses.USES, "stale_runner_machines_cleanup": runner_uses.USES,
+    "stuck_export_jobs": export_uses.USES, "environments_auto_stop": environments_uses.USES,
+    "schedule_bulk_delete_job_artifacts": artifacts_uses.USES,
+    "delete_expired_artifact_files": artifacts_uses.FILES_USES,
+}
+RELEASES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "gitlab-releases.md"
+
+
+def page_table(heading: str) -> list[dict[str, str]]:
+    """The first table under ``heading`` in docs/gitlab-releases.md, one dict per row keyed by its header."""
+    section = ("\n" + RELEASES_PAGE.read_text()).split(f"\n{heading}\n", 1)[1].splitlines()
+    table = itertools.dropwhile(lambda line: not line.startswith("|"), section)
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), table))
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+    return [dict(zip(cells[0], row, strict=True)) for row in cells[2:]]
+
+
+def refused_jobs(db: ReleaseDb) -> list[str]:
+    """The jobs whose start-up check refuses this release's schema."""
+    refused = []
+    for job, uses in JOB_USES.items():
+        try:
+            for field, columns in uses.items():
+                table = getattr(db.schema, field)
+                with db.engine_of(table.fullname).connect() as conn:
+                    require_columns(conn, [table], {table.name: columns})
+        except SchemaMismatch:
+            refused.append(job)
+    return refused
+
+
+def test_the_releases_page_says_which_jobs_each_release_refuses(release_db):
+    """docs/gitlab-releases.md's table, row by row, against the start-up checks on that release's schema (the
+    matrix's other tests run every job there, exact rows asserted)."""
+    rows = {row["release"].split()[0]: row for row in page_table("# GitLab's releases")}
+    row = rows[release_db.base.removesuffix("-like")]
+
+    assert row["jobs refused"] == (", ".join(refused_jobs(release_db)) or "none")
+
+
+def test_the_releases_page_says_runs_exactly_where_no_job_requires_the_missing_column():
+    """Each case naming GitLab columns reads "runs" unless a job's start-up check requires one of them (``USES``,
+    ``where_present`` ones not): then "refused"."""
+    required = {(table, column) for uses in JOB_USES.values() for table, columns in uses.items()
+                for column in columns if not isinstance(column, WherePresent)}
+    checked = 0
+    for row in page_table("## What each release lacks, and what that release's GitLab does"):
+        named = re.findall(r"`(\w+)\.(\w+)`", row["case"])
+        if not named:
+            continue
+        checked += 1
+        expected = "refused" if required & set(named) else "runs"
+        assert row["ci_cleanup today"].split()[0].strip(":,") == expected, row["case"]
+    assert checked >= 5
