@@ -44,6 +44,7 @@ dev: bytecode
 TEST_WORKERS ?= 2
 test: bytecode
 	$(BIN)/ruff check .
+	@[ -n "$(ARGS)" ] || echo "The whole suite: several minutes on 2 cores (docs/performance.md#the-test-suite has its last time)"
 	tmp=$$(mktemp -d -t ci_cleanup_pytest_XXXXXXXX) && chmod 755 $$tmp && \
 	  TMPDIR=$$tmp $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --basetemp=$$tmp/basetemp $(ARGS); \
 	  status=$$?; rm -rf $$tmp; exit $$status
