@@ -116,7 +116,7 @@ def workshop(needed_by: str) -> ModuleType:
 @contextlib.contextmanager
 def embedded_stack(data_dir, why: str = "") -> Iterator[tuple[dict[str, str], EmbeddedStack]]:
     """The embedded stack for as long as the block runs (shared, and left running, if another command started it)."""
-    devstack = workshop(f"With no {CONFIG_DIR}, {DATABASE} or {REDIS} set, the embedded stack")
+    devstack = workshop("The embedded stack (run --embedded)")
     from ci_cleanup_dev.ddl import create_schema
 
     if why:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 
 from dagster import Field, logger
+
+# Where a Dagster log record keeps its event (an error's cause): no public API names the attribute.
 from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
 from dagster._utils.log import create_console_logger
 

@@ -130,13 +130,14 @@ WITHOUT_WORKSHOP = """
 import contextlib, importlib.util, io, json
 from ci_cleanup.cli import main
 said = {"ci_cleanup_dev": importlib.util.find_spec("ci_cleanup_dev") is not None}
-for argv in (["demo"], ["dev"], ["seed"], ["schema", "create"], ["bench"], ["run", "drop_canceling_builds"]):
+for argv in (["demo"], ["dev"], ["seed"], ["schema", "create"], ["bench"], ["run", "drop_canceling_builds"],
+             ["run", "--embedded", "drop_canceling_builds"]):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
             main(argv)
         except SystemExit as e:
-            said[argv[0]] = [e.code, err.getvalue()]
+            said[" ".join(a for a in argv if a in (argv[0], "--embedded"))] = [e.code, err.getvalue()]
 print(json.dumps(said))
 """
 
@@ -152,8 +153,11 @@ def test_without_the_development_install_each_dev_command_says_so_in_one_line(tm
         "ci_cleanup_dev": False,
         **{command: [1, f"ci-cleanup {command}: This command {install}"]
            for command in ("demo", "dev", "seed", "schema", "bench")},
-        "run": [1, "ci-cleanup run: With no CI_CLEANUP_GITLAB_CONFIG_DIR, CI_CLEANUP_DATABASE_URL or "
-                   f"CI_CLEANUP_REDIS_URL set, the embedded stack {install}"],
+        # With nothing set, run refuses before it would need the workshop: GitLab is not configured.
+        "run": [1, "ci-cleanup run: No GitLab to run on: none of CI_CLEANUP_GITLAB_CONFIG_DIR, CI_CLEANUP_DATABASE_URL "
+                   "and CI_CLEANUP_REDIS_URL is set\n  Set CI_CLEANUP_GITLAB_CONFIG_DIR to GitLab's config folder (or "
+                   "the two URLs); to try the job on the embedded stack instead: ci-cleanup run --embedded …\n"],
+        "run --embedded": [1, f"ci-cleanup run: The embedded stack (run --embedded) {install}"],
     }
 
 
