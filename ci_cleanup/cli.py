@@ -456,9 +456,14 @@ def run_jobs(
     return summary
 
 
-# The lists of rows a run stepped over, each "<what> <id>: <why>" (runs.ROWS_WITH_ERRORS counts them): printed whole
-# up to MAX_ROWS_PRINTED, never cut as other long values are.
-ROW_ERROR_LISTS = ("errors", "refused")
+# The lists of rows a run stepped over, each "<what> <id>: <why>" (runs.ROWS_WITH_ERRORS counts them all): printed
+# whole up to MAX_ROWS_PRINTED, never cut as other long values are; each with the keys that count it exactly (a run's,
+# a dry run's), the list itself being cut at MAX_IDS_REPORTED.
+ROW_ERROR_LISTS = {
+    "errors": (ROWS_WITH_ERRORS,),
+    "refused": ("refused_count", "would_refuse_count"),
+    "objects_failures": ("objects_failed", "would_fail_objects"),
+}
 MAX_ROWS_PRINTED = 20
 # ci-cleanup run's exit statuses (README, "Running against GitLab"): 0 success (a dry run, a skip), 1 the run failed or
 # could not start, 2 a wrong command line (argparse's), 3 the run finished but stepped over rows it lists.
@@ -473,7 +478,7 @@ NOTES = {
 
 def print_row_errors(key: str, rows: list, metadata: dict) -> None:
     """Every row of ``rows`` up to the cap, then how many more: the count is exact where the list is cut."""
-    total = max(len(rows), int(metadata.get(ROWS_WITH_ERRORS) or 0), int(metadata.get("would_refuse_count") or 0))
+    total = max(len(rows), *(int(metadata.get(count) or 0) for count in ROW_ERROR_LISTS[key]))
     print(f"    {key}: {total}")
     for row in rows[:MAX_ROWS_PRINTED]:
         print(f"      {row}")
@@ -591,8 +596,8 @@ def cmd_run(args, env, embedded: EmbeddedStack | None) -> None:
         sys.exit(1)
     stepped_over = sum(int(metadata.get(ROWS_WITH_ERRORS) or 0) for _, _, metadata, _ in summary)
     if stepped_over:
-        print(f"The run finished but left {stepped_over} rows it could not process (listed above): exit status "
-              f"{ROWS_FAILED_EXIT}", file=sys.stderr)
+        print(f"The run finished but left {stepped_over} row{'s' if stepped_over > 1 else ''} it could not process "
+              f"(listed above): exit status {ROWS_FAILED_EXIT}", file=sys.stderr)
         sys.exit(ROWS_FAILED_EXIT)
 
 
