@@ -13,7 +13,8 @@ import logging
 
 from dagster import Field, logger
 
-# Where a Dagster log record keeps its event (an error's cause): no public API names the attribute.
+# Private: where a Dagster log record keeps its event (an error's cause), and Dagster's own console logger, which
+# this one wraps: no public API names either.
 from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
 from dagster._utils.log import create_console_logger
 

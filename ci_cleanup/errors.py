@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster._utils.error import SerializableErrorInfo
+from dagster_shared.error import SerializableErrorInfo
 
 FAILURE_CLASS = "dagster._core.definitions.events.Failure: "  # how a dagster.Failure's message begins
 
