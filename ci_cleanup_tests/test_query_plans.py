@@ -64,7 +64,7 @@ def statements(engine):
     yield "drop_canceling_builds batch excluding left builds", drop_sql(
         drop_canceling.CANDIDATES, batch_size=100, passed_over=builds[:3])
     yield "drop_canceling_builds drop", drop_sql(
-        drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3])
+        drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3], failure_reason=3)
     yield "drop_canceling_builds drop these builds", drop_sql(
         drop_canceling.THESE_BUILDS, now=naive_now, ids=builds[3:], failure_reason=3)
     yield "stale_runner_machines_cleanup count", stale_machines.COUNT.on(S, engine.dialect).bindparams(

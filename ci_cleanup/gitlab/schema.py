@@ -55,6 +55,7 @@ from .tables import (  # noqa: F401
     FILE_STORE_REMOTE,
     GITLAB_CI,
     GITLAB_MAIN,
+    NO_UPDATES_CANCELING,
     STUCK_OR_TIMEOUT_FAILURE,
     TIMESTAMP,
     TIMESTAMPTZ,

@@ -27,6 +27,8 @@ TIMESTAMPTZ = DateTime(timezone=True)
 
 # ci_builds.failure_reason (GitLab's Enums::Ci::CommitStatus.failure_reasons)
 STUCK_OR_TIMEOUT_FAILURE = 3
+# GitLab 19.1+'s DropCancelingService reason (Ci::HasStatus failure_reasons: no_updates_canceling: 28).
+NO_UPDATES_CANCELING = 28
 DATA_INTEGRITY_FAILURE = 12
 
 # project_export_jobs.status
