@@ -51,7 +51,8 @@ from .runner import op_metadata, run_job, step_failure_message
 # plain table (GitLab partitioned them by runner_type later in 17.x).
 GITLAB_17_0 = "17.0-like"
 LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "18.x": "partitioned",
-           "18.y": "partitioned_dynamic"}
+           "18.y": "partitioned_dynamic", "19.x": "partitioned_dynamic"}
+NEWEST = "19.x"
 _17_0_LACKS = ("runner_machines_runner_type", "runner_machines_sharding_key_id", "environments_auto_stop_setting",
                "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id")
 EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
@@ -60,7 +61,7 @@ EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
 # (job, release) -> what its statements lack there: the case asserts GitLab's outcome and fails until they have it.
 @dataclass(frozen=True)
 class ReleaseDb:
-    """A release's database(s): one, or (``18.y-deployed``) main and ci, reached by the jobs through PgBouncer."""
+    """A release's database(s): one, or (``19.x-deployed``) main and ci, reached by the jobs through PgBouncer."""
 
     name: str
     stack: object  # the embedded stack: its Redis
@@ -73,7 +74,7 @@ class ReleaseDb:
 
     @property
     def base(self) -> str:
-        """The vendored release this one is (the deployed newest is 18.y)."""
+        """The vendored release this one is (the deployed newest is 19.x)."""
         return self.name.removesuffix(DEPLOYED)
 
     def has(self, feature: str) -> bool:
@@ -139,8 +140,8 @@ def _detected(engine: Engine, ci_engine: Engine | None = None) -> tuple[GitLabSc
 
 @contextlib.contextmanager
 def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
-    """18.y as deployed: main and ci, 18.y's DDL in both, GitLab's lock-writes triggers on the other's tables, the
-    jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
+    """The newest as deployed: main and ci, its DDL in both, GitLab's lock-writes triggers on the other's tables,
+    the jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
     if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
         if os.environ.get("CI") == "true":
             pytest.fail("pgbouncer is not installed: .ci/run installs Debian's pgbouncer")
@@ -149,19 +150,19 @@ def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
         engines = {}
         for database, url in ((MAIN_DATABASE, main_url), (CI_DATABASE, ci_url)):
             engines[database] = create_engine(url)
-            create_schema(engines[database], release="18.y")
+            create_schema(engines[database], release=NEWEST)
             with engines[database].begin() as conn:
                 lock_writes(conn, database)
         pools = {"release_main": (make_url(main_url).database, 2), "release_ci": (make_url(ci_url).database, 2)}
         with PgBouncer.of_stack(stack, data_dir, pools) as bouncer:
             schema, release = _detected(engines[MAIN_DATABASE], engines[CI_DATABASE])
-            yield ReleaseDb("18.y" + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
+            yield ReleaseDb(NEWEST + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
                             release, bouncer.url("release_ci"), engines[CI_DATABASE])
         for engine in engines.values():
             engine.dispose()
 
 
-@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "18.y" + DEPLOYED])
+@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "19.x", NEWEST + DEPLOYED])
 def release_db(request, stack, servers_dir):
     if request.param.endswith(DEPLOYED):
         with deployed_newest(stack, servers_dir / "release_pgbouncer") as db:
@@ -238,7 +239,7 @@ def test_drop_canceling_builds(db):
 
 
 def test_stale_runner_machines_cleanup(db):
-    # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y) by GitLab's checks.
+    # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y, 19.x) by GitLab's checks.
     kind = {"runner_type": 1} if db.has("runner_machines_runner_type") else {}
 
     def machine(created, contacted=None) -> int:
@@ -256,11 +257,13 @@ def test_stale_runner_machines_cleanup(db):
 
 
 def test_stuck_export_jobs(db, redis_client):
-    def export(jid: str, status: int, hours: int) -> int:
-        return db.insert("project_export_jobs", project_id=1, jid=jid, status=status,
+    def export(jid: str, status: int, hours: int, project_id: int = 1) -> int:
+        return db.insert("project_export_jobs", project_id=project_id, jid=jid, status=status,
                          created_at=ago(hours=hours), updated_at=ago(hours=hours))
 
     gone = export("jid-gone", 1, 7)
+    # GitLab 18.6+ keys export jobs by (jid, project_id): another project's job under the same jid, gone too.
+    twin = [export("jid-gone", 1, 7, project_id=2)] if db.base in ("18.y", "19.x") else []
     alive = export("jid-alive", 1, 7)
     finished = export("jid-finished", 2, 7)
     parallel = export("jid-parallel", 1, 1)  # young, with relation exports: spared (GitLab's EXPORT_JOBS_EXPIRATION)
@@ -271,7 +274,7 @@ def test_stuck_export_jobs(db, redis_client):
     db.run(stuck_export_jobs)
 
     assert db.rows("SELECT id, status FROM project_export_jobs ORDER BY id") == [
-        (gone, 3), (alive, 1), (finished, 2), (parallel, 1)]
+        (gone, 3), *[(t, 3) for t in twin], (alive, 1), (finished, 2), (parallel, 1)]
 
 
 def test_environments_auto_stop(db):

@@ -146,6 +146,7 @@ KNOWN = {
     "17.x": _known(PARTITIONED, True),
     "18.x": _known(PARTITIONED, True),
     "18.y": _known(PARTITIONED_DYNAMIC, True, ("runner_machines_sharding_key_id",)),
+    "19.x": _known(PARTITIONED_DYNAMIC, True, ("runner_machines_sharding_key_id",)),
 }
 
 

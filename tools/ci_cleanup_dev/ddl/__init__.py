@@ -38,15 +38,20 @@ _TRIGGER_TABLES = {"ci_runner_machines_archived": (CI_DATABASE,),
                    "loose_foreign_keys_deleted_records": (MAIN_DATABASE, CI_DATABASE)}
 
 
+# A dollar quote's delimiter: $$ or $tag$ (19.x's loose-FK functions are $_$ bodies holding $1).
+_DOLLAR_QUOTE = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
 def _statements(sql: str) -> list[str]:
-    """``structure.sql`` split into statements (a ``;`` ends one at the end of a line, outside ``$$`` bodies)."""
-    statements, current, in_body = [], [], False
+    """``structure.sql`` split into statements (a ``;`` ends one at the end of a line, outside ``$tag$`` bodies)."""
+    statements, current, body = [], [], None
     for line in sql.splitlines():
         if not current and (not line.strip() or line.startswith("--")):
             continue
         current.append(line)
-        in_body ^= line.count("$$") % 2 == 1
-        if not in_body and line.rstrip().endswith(";"):
+        for quote in _DOLLAR_QUOTE.findall(line):
+            body = quote if body is None else (None if quote == body else body)
+        if body is None and line.rstrip().endswith(";"):
             statements.append("\n".join(current))
             current = []
     return statements
@@ -59,6 +64,7 @@ RELEASES = {
     "17.x": "17.x-cf815822.sql",
     "18.x": "18.x-0016ea05.sql",
     "18.y": "18.y-00084369.sql",
+    "19.x": "19.x-84f51c2a.sql",
 }
 
 
