@@ -402,7 +402,8 @@ def test_environment_restarted_while_the_batch_waits_on_it_is_not_picked_and_its
     worker = threading.Thread(target=lambda: out.append(service.auto_stop_environments(main, ci, S)))
     worker.start()
     try:
-        backend_waiting_on_lock(main, "%FOR UPDATE OF environments%")  # the pick waits on the restarted rows
+        # the pick waits on the restarted rows (its FOR UPDATE is past pg_stat_activity's first 1024 bytes)
+        backend_waiting_on_lock(main, "%FROM environments%")
         restart.commit()
     finally:
         if restart.is_active:

@@ -42,6 +42,7 @@ from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_c
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 from ci_cleanup_dev.ddl import create_schema, ddl, lock_writes, truncate_all
 from ci_cleanup_dev.devstack import PgBouncer
+from ci_cleanup_dev.project_rows import add_projects
 
 from .factories import ago, naive_ago
 from .harness import scratch_database_of
@@ -54,7 +55,7 @@ LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "1
            "18.y": "partitioned_dynamic", "19.x": "partitioned_dynamic"}
 NEWEST = "19.x"
 _17_0_LACKS = ("runner_machines_runner_type", "runner_machines_sharding_key_id", "environments_auto_stop_setting",
-               "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id")
+               "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id", "build_tags")
 EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
                                           {name: name not in _17_0_LACKS for name in KNOWN["17.x"].features})}
 
@@ -112,14 +113,15 @@ class ReleaseDb:
 def gitlab_17_0(engine: Engine) -> None:
     create_schema(engine, release="17.x")
     plain_machines = [s for s in ddl(release="16.0") if "ci_runner_machines" in s]
+    taggings = [s for s in ddl(release="16.0") if "taggings" in s]  # p_ci_build_tags came in 17.3
     with engine.begin() as conn:
         conn.execute(text(
             "ALTER TABLE environments DROP COLUMN auto_stop_setting;"
             "ALTER TABLE ci_deleted_objects DROP COLUMN project_id, DROP COLUMN created_at;"
             "DROP TRIGGER trigger_b2612138515d ON project_relation_exports;"
             "ALTER TABLE project_relation_exports DROP COLUMN project_id;"
-            "DROP TABLE ci_runner_machines, ci_runner_machines_archived CASCADE"))
-        for statement in plain_machines:
+            "DROP TABLE ci_runner_machines, ci_runner_machines_archived, p_ci_build_tags CASCADE"))
+        for statement in plain_machines + taggings:
             conn.execute(text(statement))
 
 
@@ -277,32 +279,122 @@ def test_stuck_export_jobs(db, redis_client):
         (gone, 3), *[(t, 3) for t in twin], (alive, 1), (finished, 2), (parallel, 1)]
 
 
-def test_environments_auto_stop(db):
-    with_setting = db.has("environments_auto_stop_setting")
+# A runner as GitLab's queue query takes it (Ci::Runner: runner_type, its groups' ids, its projects, tags,
+# run_untagged, access_level ref_protected).
+@dataclass(frozen=True)
+class Runner:
+    kind: str  # instance_type, group_type, project_type
+    namespace_ids: tuple[int, ...] = ()
+    project_ids: tuple[int, ...] = ()
+    tag_ids: tuple[int, ...] = ()
+    run_untagged: bool = True
+    ref_protected: bool = False
 
-    def environment(name: str, hours: int, **values) -> int:
-        return db.insert("environments", project_id=7, name=name, slug=name, state="available",
+
+def _array(ids) -> str:
+    return "'{" + ",".join(map(str, ids)) + "}'"  # GitLab's own untyped literal ('{?}'), for integer[] and bigint[]
+
+
+def runner_queue(db: ReleaseDb, runner: Runner) -> list[int]:
+    """The pending builds ``runner`` would be offered, as GitLab's own queue query selects them, translated from
+    gitlabhq: Ci::Queue::BuildQueueService#build_candidates (app/services/ci/queue/build_queue_service.rb) and
+    Ci::Queue::PendingBuildsStrategy @ e480ec63 (builds_for_shared_runner: new_builds.with_instance_runners;
+    builds_for_group_runner: namespace_traversal_ids && '{?}' of runner.namespace_ids; builds_for_project_runner:
+    where(project: runner.runner_projects); builds_for_protected_runner: ref_protected; builds_matching_tag_ids:
+    Ci::PendingBuild.for_tags (tag_ids <@ '{?}', or tag_ids = '{}' for a runner without tags); builds_with_any_tags
+    unless run_untagged: cardinality(tag_ids) > 0), in its order (build_id)."""
+    where = {"instance_type": "instance_runners_enabled = true",
+             "group_type": f"namespace_traversal_ids && {_array(runner.namespace_ids)}",
+             "project_type": f"project_id IN (SELECT unnest(CAST({_array(runner.project_ids)} AS bigint[])))",
+             }[runner.kind]
+    where += " AND protected = true" if runner.ref_protected else ""
+    where += f" AND tag_ids <@ {_array(runner.tag_ids)}" if runner.tag_ids else " AND tag_ids = '{}'"
+    where += "" if runner.run_untagged else " AND cardinality(tag_ids) > 0"
+    with db.engine_of("ci_pending_builds").connect() as conn:
+        return list(conn.scalars(text(f"SELECT build_id FROM ci_pending_builds WHERE {where} ORDER BY build_id")))
+
+
+DOCKER_TAG = 41  # a tags row's id (Ci::Tag), as a build's tags and a runner's tags name it
+
+
+def test_environments_auto_stop_queues_each_stop_action_for_the_runners_gitlab_would_offer_it_to(db):
+    """Each stop action played joins the queue as Ci::PendingBuild.upsert_from_build! writes it, and each runner's
+    queue query (GitLab's own) finds exactly the stop actions GitLab's would."""
+    with_setting = db.has("environments_auto_stop_setting")
+    with db.engine_of("projects").begin() as conn:
+        add_projects(conn, [7, 8, 9, 10])
+        # Project 7 in subgroup 7 of group 70; 8 without shared runners; 9 without group runners; 10 without builds.
+        conn.execute(text("UPDATE namespaces SET traversal_ids = '{70,7}', parent_id = 70 WHERE id = 7;"
+                          "UPDATE projects SET shared_runners_enabled = false WHERE id = 8;"
+                          "UPDATE project_ci_cd_settings SET group_runners_enabled = false WHERE project_id = 9;"
+                          "UPDATE project_features SET builds_access_level = 0 WHERE project_id = 10"))
+
+    def environment(name: str, hours: int, project_id: int = 7, **values) -> int:
+        return db.insert("environments", project_id=project_id, name=name, slug=name, state="available",
                          auto_stop_at=ago(hours=hours), created_at=naive_ago(days=1), updated_at=naive_ago(days=1),
                          **values)
 
+    def review_app(name: str, project_id: int, tags: tuple[int, ...] = (), protected: bool = False) -> tuple:
+        env = environment(name, 1, project_id)
+        build = {**BUILD, "project_id": project_id, "commit_id": 4200 + env}
+        deploy = db.insert("ci_builds", name="deploy", status="success", **build)
+        stop = db.insert("ci_builds", name="stop", status="manual", protected=protected, **build)
+        for tag in tags:
+            if db.has("build_tags"):
+                db.insert("p_ci_build_tags", tag_id=tag, build_id=stop, partition_id=100, project_id=project_id)
+            else:
+                db.insert("taggings", tag_id=tag, taggable_id=stop, taggable_type="CommitStatus", context="tags")
+        db.insert("deployments", iid=env, project_id=project_id, environment_id=env, ref="main", tag=False,
+                  sha="a" * 40, status=2, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop",
+                  created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+        return env, deploy, stop
+
     due = environment("review-due", 1)
     later = environment("review-later", -24)
-    with_stop = environment("review-stop", 1)
-    deploy = db.insert("ci_builds", name="deploy_review", status="success", **BUILD)
-    stop = db.insert("ci_builds", name="stop_review", status="manual", **BUILD)
-    db.insert("deployments", iid=1, project_id=7, environment_id=with_stop, ref="main", tag=False, sha="a" * 40,
-              status=2, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop_review",
-              created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    plain = review_app("plain", 7)
+    tagged = review_app("tagged", 7, tags=(DOCKER_TAG,), protected=True)
+    no_shared = review_app("no-shared", 8)
+    no_group = review_app("no-group", 9)
+    no_builds = review_app("no-builds", 10)
+    lost = review_app("lost", 11)  # no row in projects
     # with_action and no stop action: left available (only where the release has the setting).
     kept = environment("review-kept", 1, auto_stop_setting=1) if with_setting else None
 
     result = db.run(environments_auto_stop)
 
-    expected = [(due, "stopped", True), (later, "available", False), (with_stop, "stopping", False)]
+    queued = [plain, tagged, no_shared, no_group, no_builds]
+    expected = [(due, "stopped", True), (later, "available", False)]
+    expected += [(env, "stopping", False) for env, _, _ in queued] + [(lost[0], "available", False)]
     expected += [(kept, "available", False)] if with_setting else []
     assert db.rows("SELECT id, state, auto_stop_at IS NULL FROM environments ORDER BY id") == expected
-    assert db.rows("SELECT id, status FROM {builds} ORDER BY id") == [(deploy, "success"), (stop, "pending")]
-    assert db.rows("SELECT build_id, project_id, partition_id FROM ci_pending_builds") == [(stop, 7, 100)]
+    assert db.rows("SELECT id, status FROM {builds} WHERE name = 'stop' ORDER BY id") == [
+        *((stop, "pending") for _, _, stop in queued), (lost[2], "manual")]
+    # Every column args_from_build writes, from the same sources.
+    assert db.rows("SELECT build_id, project_id, partition_id, protected, namespace_id, tag_ids, "
+                   "instance_runners_enabled, namespace_traversal_ids FROM ci_pending_builds ORDER BY build_id") == [
+        (plain[2], 7, 100, False, 7, [], True, [70, 7]),
+        (tagged[2], 7, 100, True, 7, [DOCKER_TAG], True, [70, 7]),
+        (no_shared[2], 8, 100, False, 8, [], False, [8]),
+        (no_group[2], 9, 100, False, 9, [], True, []),
+        (no_builds[2], 10, 100, False, 10, [], False, []),
+    ]
+    # Each runner is offered exactly what GitLab's would offer it.
+    assert runner_queue(db, Runner("instance_type")) == [plain[2], no_group[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG, 99))) == [plain[2], tagged[2], no_group[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG,), run_untagged=False)) == [tagged[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG,), ref_protected=True)) == [tagged[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(70,))) == [plain[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(8,))) == [no_shared[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(9, 10))) == []
+    assert runner_queue(db, Runner("project_type", project_ids=(10,))) == [no_builds[2]]
+    assert runner_queue(db, Runner("project_type", project_ids=(7,), tag_ids=(DOCKER_TAG,))) == [
+        plain[2], tagged[2]]
+    # The environment whose project has no row: one line naming it, nothing of it changed.
+    report = op_metadata(result, "report_stopped_environments")
+    assert (report["failed_ids"], report["rows_with_errors"]) == ([lost[0]], 1)
+    assert report["errors"] == [
+        f"environment {lost[0]}: project 11 has no row in projects (or its namespace none in namespaces): its stop "
+        f"actions cannot be queued for a runner, so none was played and environment {lost[0]} was left available"]
     assert_release_metadata(result, "find_auto_stoppable_environments", db)
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ci_cleanup.gitlab.schema import (
+    BUILD_TAG_TABLES,
     CI_DATABASE,
     FLAT,
     MAIN_DATABASE,
@@ -68,6 +69,18 @@ RELEASES = {
 }
 
 
+# The releases whose builds' tags are in taggings (GitLab before 17.3's p_ci_build_tags).
+TAGGINGS_RELEASES = ("16.0",)
+
+
+def _queue_sources(taggings: bool) -> list[str]:
+    """The tables a stop action's queue row is built from (``queue_sources.sql``), with the build's tags in
+    ``taggings`` (before GitLab 17.3) or ``p_ci_build_tags``: not in the releases' vendored subsets."""
+    sql = Path(__file__).parent
+    return _file_statements(sql / "queue_sources.sql") + _file_statements(
+        sql / ("taggings.sql" if taggings else "build_tags.sql"))
+
+
 def _file_statements(path: Path) -> list[str]:
     """A vendored DDL file's statements, without ``CREATE EXTENSION``: nothing here needs btree_gist or pg_trgm,
     and the embedded PostgreSQL ships neither."""
@@ -86,13 +99,14 @@ def ddl(layout: str = PARTITIONED, release: str | None = None) -> list[str]:
     if release is not None:
         if release not in RELEASES:
             raise ValueError(f"release must be one of {', '.join(RELEASES)}, not {release!r}")
-        return _file_statements(sql / "versions" / RELEASES[release])
+        return _file_statements(sql / "versions" / RELEASES[release]) + _queue_sources(release in TAGGINGS_RELEASES)
     statements = _file_statements(sql / "structure.sql")
     if layout == FLAT:
-        return [s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
+        return ([s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
+                + _queue_sources(taggings=True))
     if layout != PARTITIONED:
         raise ValueError(f"layout must be {PARTITIONED!r} or {FLAT!r}, not {layout!r}")
-    return statements + [
+    return statements + _queue_sources(taggings=False) + [
         f"CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.{name}_{value} "
         f"PARTITION OF {parent} FOR VALUES IN ({value});"
         for parent, (name, values) in DYNAMIC_PARTITIONS.items()
@@ -116,11 +130,14 @@ def truncate_all(
 ) -> None:
     """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only);
     given a ``database`` (``main`` / ``ci``), only its own tables: the other's copies are write-locked there."""
-    names = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
-    # GitLab's own trigger tables where this release has them (16.0 has neither, 18.y no _archived copy).
+    tables = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
+    names = [name for name in tables if name not in BUILD_TAG_TABLES]
+    # GitLab's own trigger tables where this release has them (16.0 has neither, 18.y no _archived copy), and the
+    # one table of a build's tags it has.
     names += conn.scalars(
         text("SELECT name FROM unnest(CAST(:names AS text[])) name WHERE to_regclass(name) IS NOT NULL"),
-        {"names": [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)]},
+        {"names": [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)]
+         + [name for name in BUILD_TAG_TABLES if name in tables]},
     ).all() + list(also)
     conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
 
