@@ -86,7 +86,8 @@ queued AS (
                  AND tags.context = 'tags' ORDER BY tags.tag_id),  -- unless p_ci_build_tags.tag_id
          actions.instance_runners_enabled, actions.namespace_traversal_ids
   FROM played JOIN actions ON actions.id = played.id
-  ORDER BY played.id
+  -- A stop action shared by environments: their project is its own in GitLab; the first environment's, to be sure.
+  ORDER BY played.id, actions.environment_id
   ON CONFLICT (build_id) DO NOTHING
 ),
 -- Environment#stop_with_actions!: with stop actions -> stopping (unless they could not be queued); without, and

@@ -8,32 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.dialects.postgresql import insert
 
-# ProjectFeature::ENABLED (20) for builds and the access levels a row needs; project_ci_cd_settings' defaults.
-_INSERT = text("""
-WITH ids AS (SELECT DISTINCT id FROM unnest(CAST(:ids AS bigint[])) AS id),
-namespaces_added AS (
-  INSERT INTO namespaces (id, name, path, type, traversal_ids, created_at, updated_at)
-  SELECT id, 'group-' || id, 'group-' || id, 'Group', ARRAY[id], now(), now() FROM ids
-  ON CONFLICT (id) DO NOTHING
-),
-projects_added AS (
-  INSERT INTO projects (id, name, path, namespace_id, created_at, updated_at)
-  SELECT id, 'project-' || id, 'project-' || id, id, now(), now() FROM ids
-  ON CONFLICT (id) DO NOTHING
-),
-features_added AS (
-  INSERT INTO project_features (project_id, builds_access_level, pages_access_level, model_experiments_access_level,
-                                model_registry_access_level)
-  SELECT id, 20, 20, 20, 20 FROM ids
-  ON CONFLICT (project_id) DO NOTHING
-)
-INSERT INTO project_ci_cd_settings (project_id) SELECT id FROM ids ON CONFLICT (project_id) DO NOTHING
-""")
+from .schema import GitLabSchema, gitlab_schema, naive_utc, utc_now
+
+ENABLED = 20  # ProjectFeature::ENABLED
 
 
-def add_projects(conn: Connection, ids: Iterable[int]) -> None:
-    """Projects ``ids`` (each in a group of the same id), unless there already; in ``conn``'s transaction."""
-    conn.execute(_INSERT, {"ids": sorted(set(ids))})
+def add_projects(conn, ids: Iterable[int], schema: GitLabSchema | None = None) -> None:
+    """Projects ``ids`` (each in a group of the same id), unless there already; in ``conn``'s transaction (a
+    connection, or anything that runs each statement in its table's database)."""
+    schema, ids, now = schema or gitlab_schema(), sorted(set(ids)), naive_utc(utc_now())
+    if not ids:
+        return
+    rows = {
+        schema.namespaces: [dict(id=i, name=f"group-{i}", path=f"group-{i}", type="Group", traversal_ids=[i],
+                                 created_at=now, updated_at=now) for i in ids],
+        schema.projects: [dict(id=i, name=f"project-{i}", path=f"project-{i}", namespace_id=i, created_at=now,
+                               updated_at=now) for i in ids],
+        # The access levels a row needs (NOT NULL without a default), builds enabled.
+        schema.project_features: [dict(project_id=i, builds_access_level=ENABLED, pages_access_level=ENABLED,
+                                       model_experiments_access_level=ENABLED, model_registry_access_level=ENABLED)
+                                  for i in ids],
+        schema.project_ci_cd_settings: [dict(project_id=i) for i in ids],  # group runners on: the column's default
+    }
+    for table, values in rows.items():
+        key = ["id"] if table.name in ("namespaces", "projects") else ["project_id"]
+        conn.execute(insert(table).values(values).on_conflict_do_nothing(index_elements=key))

@@ -1,8 +1,9 @@
 -- A build's tags from GitLab 17.3 on (Ci::BuildTag, Ci::Build#tags_ids): p_ci_build_tags. NOT VERBATIM: written
 -- from GitLab's migration CreateTablePCiBuildTags (milestone '17.3': bigserial id, tag_id, build_id, partition_id,
 -- project_id, all NOT NULL; PARTITION BY LIST (partition_id); primary key (id, partition_id); unique index
--- (tag_id, build_id, partition_id); index (build_id, partition_id)), its partitions as GitLab's partition manager
--- makes them, one per builds partition. Appended by ci_cleanup.gitlab.schema.ddl to the releases from 17.x on.
+-- (tag_id, build_id, partition_id); index (build_id, partition_id), left out here as the vendored subsets leave out
+-- non-unique indexes), its partitions as GitLab's partition manager makes them, one per builds partition.
+-- Appended by ci_cleanup.gitlab.schema.ddl to the releases from 17.x on.
 
 CREATE TABLE p_ci_build_tags (
     id bigint NOT NULL,
@@ -28,8 +29,6 @@ ALTER TABLE ONLY p_ci_build_tags
     ADD CONSTRAINT p_ci_build_tags_pkey PRIMARY KEY (id, partition_id);
 
 CREATE UNIQUE INDEX index_p_ci_build_tags_on_tag_id_and_build_id_and_partition_id ON ONLY p_ci_build_tags USING btree (tag_id, build_id, partition_id);
-
-CREATE INDEX index_p_ci_build_tags_on_build_id_and_partition_id ON ONLY p_ci_build_tags USING btree (build_id, partition_id);
 
 CREATE TABLE gitlab_partitions_dynamic.ci_build_tags_100 PARTITION OF p_ci_build_tags FOR VALUES IN ('100');
 

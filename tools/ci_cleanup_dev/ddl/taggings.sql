@@ -1,7 +1,8 @@
 -- A build's tags before GitLab 17.3 (acts-as-taggable-on on CommitStatus: Ci::Build#tag_ids through taggings,
 -- taggable_type 'CommitStatus', context 'tags'). NOT VERBATIM: the columns acts-as-taggable-on's migration
--- creates, as GitLab's ci database has them (ids widened to bigint). Appended by ci_cleanup.gitlab.schema.ddl to
--- 16.0's DDL and to the flat layout's.
+-- creates, as GitLab's ci database has them (ids widened to bigint); its non-unique index (taggable_id,
+-- taggable_type, context) left out, as the vendored subsets leave them out. Appended by
+-- ci_cleanup.gitlab.schema.ddl to 16.0's DDL and to the flat layout's.
 
 CREATE TABLE taggings (
     id bigint NOT NULL,
@@ -27,5 +28,3 @@ ALTER TABLE ONLY taggings ALTER COLUMN id SET DEFAULT nextval('taggings_id_seq':
 
 ALTER TABLE ONLY taggings
     ADD CONSTRAINT taggings_pkey PRIMARY KEY (id);
-
-CREATE INDEX taggings_idx ON taggings USING btree (taggable_id, taggable_type, context);
