@@ -196,24 +196,26 @@ def test_stop_action_not_manual_is_left_as_is_and_environment_goes_stopping(stac
     assert (report(result)["stopping_count"], report(result)["stop_actions_started"]) == (1, 0)
 
 
-def test_stop_actions_come_from_the_last_successful_deployment(stack, engine, redis_client):
+def test_stop_actions_come_from_the_last_finished_deployment(stack, engine, redis_client):
+    """GitLab 17.0+ (this schema's): the last deployment that finished, failed or canceled included
+    (Deployment.last_finished_deployment_group_for_environment); one still running is not finished."""
     env_id = environment(engine)
     old_deploy = create(engine, "ci_builds", commit_id=10, name="deploy", status="success")
     old_stop = create(engine, "ci_builds", commit_id=10, name="stop_review", status="manual")
     create(engine, "deployments", environment_id=env_id, deployable_id=old_deploy, on_stop="stop_review", status=2)
-    new_deploy = create(engine, "ci_builds", commit_id=20, name="deploy", status="success")
-    new_stop = create(engine, "ci_builds", commit_id=20, name="stop_review", status="manual")
+    failed_deploy = create(engine, "ci_builds", commit_id=20, name="deploy", status="failed")
+    failed_stop = create(engine, "ci_builds", commit_id=20, name="stop_review", status="manual")
     bridge = create(engine, "ci_builds", commit_id=20, name="stop_review", type="Ci::Bridge", status="manual")
-    create(engine, "deployments", environment_id=env_id, deployable_id=new_deploy, on_stop="stop_review", status=2)
-    failed_deploy = create(engine, "ci_builds", commit_id=30, name="deploy", status="failed")
-    failed_stop = create(engine, "ci_builds", commit_id=30, name="stop_review", status="manual")
     create(engine, "deployments", environment_id=env_id, deployable_id=failed_deploy, on_stop="stop_review", status=3)
+    running_deploy = create(engine, "ci_builds", commit_id=30, name="deploy", status="running")
+    running_stop = create(engine, "ci_builds", commit_id=30, name="stop_review", status="manual")
+    create(engine, "deployments", environment_id=env_id, deployable_id=running_deploy, on_stop="stop_review", status=1)
 
     run_job(environments_auto_stop, stack)
 
     assert row(engine, "environments", env_id).state == "stopping"
-    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [new_stop]
-    assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, failed_stop]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [failed_stop]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, running_stop]
 
 
 @pytest.mark.parametrize(

@@ -398,6 +398,33 @@ def test_environments_auto_stop_queues_each_stop_action_for_the_runners_gitlab_w
     assert_release_metadata(result, "find_auto_stoppable_environments", db)
 
 
+def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_releases_gitlab_would(db):
+    """Environment#stop_actions: from GitLab 17.0 the last finished deployment's pipeline (success, failed or
+    canceled: Deployment.last_finished_deployment_group_for_environment), before it the last successful one's
+    (last_deployment_group). Told apart by 17.1's project_relation_exports.project_id: 17.0-like reads as before."""
+    finished_rule = db.has("relation_exports_project_id")
+    with db.engine_of("projects").begin() as conn:
+        add_projects(conn, [7])
+    env = db.insert("environments", project_id=7, name="review", slug="review", state="available",
+                    auto_stop_at=ago(hours=1), created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
+    stops = {}
+    for iid, status in ((1, 2), (2, 3)):  # a successful deployment, then a failed one (each its own pipeline)
+        build = {**BUILD, "commit_id": 5000 + iid}
+        deploy = db.insert("ci_builds", name="deploy", status="success" if status == 2 else "failed", **build)
+        stops[status] = db.insert("ci_builds", name="stop", status="manual", **build)
+        db.insert("deployments", iid=iid, project_id=7, environment_id=env, ref="main", tag=False, sha="a" * 40,
+                  status=status, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop",
+                  created_at=naive_ago(hours=3 - iid), updated_at=naive_ago(hours=3 - iid))
+
+    db.run(environments_auto_stop)
+
+    played = stops[3] if finished_rule else stops[2]
+    assert db.rows("SELECT id, status FROM {builds} WHERE name = 'stop' ORDER BY id") == sorted(
+        (stop, "pending" if stop == played else "manual") for stop in stops.values())
+    assert db.rows("SELECT build_id FROM ci_pending_builds") == [(played,)]
+    assert db.rows("SELECT state FROM environments") == [("stopping",)]
+
+
 CREATED = ago(days=1)
 
 

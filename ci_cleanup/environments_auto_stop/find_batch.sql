@@ -1,6 +1,6 @@
 -- A dry run's next batch: pick_batch.sql without its lock, since a dry run changes nothing, row locks included.
 -- Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now), paged by the cursor
--- (auto_stop_at, id); each with its last successful deployment (status 2 = success).
+-- (auto_stop_at, id); each with its last finished deployment (the last successful one before GitLab 17.0).
 SELECT environments.id,
        -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
        environments.auto_stop_setting,  -- if environments.auto_stop_setting
@@ -16,7 +16,11 @@ FROM environments
 LEFT JOIN LATERAL (
   SELECT deployments.deployable_id, deployments.on_stop
   FROM deployments
-  WHERE deployments.environment_id = environments.id AND deployments.status = 2
+  WHERE deployments.environment_id = environments.id
+    -- Environment#stop_actions from GitLab 17.0: the last finished deployment (success 2, failed 3, canceled 4);
+    -- before, the last successful one. Told apart by 17.1's project_relation_exports.project_id (gitlab-releases.md).
+    AND deployments.status IN (2, 3, 4)  -- if project_relation_exports.project_id
+    AND deployments.status = 2  -- unless project_relation_exports.project_id
   ORDER BY deployments.id DESC
   LIMIT 1
 ) AS last_deployment ON true

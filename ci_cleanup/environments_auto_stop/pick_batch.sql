@@ -2,7 +2,7 @@
 -- time), paged by the cursor (auto_stop_at, id) along GitLab's index_environments_on_state_and_auto_stop_at, so
 -- that an environment left available is not picked again in the same run. The cursor's auto_stop_at is the text
 -- PostgreSQL gave (cursor_at): no datetime of Python's holds '-infinity' or a BC date.
--- Each comes with its last successful deployment (status 2 = success), whose deployable's pipeline holds the
+-- Each comes with its last finished deployment (successful before GitLab 17.0), whose deployable's pipeline holds the
 -- stop actions (Environment#stop_actions).
 -- Locked until the batch is written: an environment restarted meanwhile (a new deployment pushes auto_stop_at)
 -- is re-checked by PostgreSQL and not picked, and none is restarted between its stop actions and its state.
@@ -21,7 +21,11 @@ FROM environments
 LEFT JOIN LATERAL (
   SELECT deployments.deployable_id, deployments.on_stop
   FROM deployments
-  WHERE deployments.environment_id = environments.id AND deployments.status = 2
+  WHERE deployments.environment_id = environments.id
+    -- Environment#stop_actions from GitLab 17.0: the last finished deployment (success 2, failed 3, canceled 4);
+    -- before, the last successful one. Told apart by 17.1's project_relation_exports.project_id (gitlab-releases.md).
+    AND deployments.status IN (2, 3, 4)  -- if project_relation_exports.project_id
+    AND deployments.status = 2  -- unless project_relation_exports.project_id
   ORDER BY deployments.id DESC
   LIMIT 1
 ) AS last_deployment ON true

@@ -1,5 +1,5 @@
 -- The ci database's part of a batch: the stop actions of the environments given (their ids, each one's last
--- successful deployment's deployable and on_stop, in step), and the manual ones played.
+-- finished deployment's deployable and on_stop, in step), and the manual ones played.
 -- Environment#stop_actions: the Ci::Build rows of the deployable's pipeline whose name is the deployment's on_stop.
 -- Ci::Build#play (seed 003 via Environments::StopService): manual -> pending, queued_at = now, and the build joins
 -- the runners' queue (Ci::UpdateBuildQueueService#push, GitLab's unique index on ci_pending_builds (build_id)) as
@@ -44,8 +44,9 @@ queued AS (
                WHERE tags.build_id = played.id AND tags.partition_id = played.partition_id  -- if p_ci_build_tags.tag_id
                ORDER BY tags.tag_id),  -- if p_ci_build_tags.tag_id
          ARRAY(SELECT tags.tag_id FROM taggings AS tags  -- unless p_ci_build_tags.tag_id
-               WHERE tags.taggable_id = played.id AND tags.taggable_type = 'CommitStatus'  -- unless p_ci_build_tags.tag_id
-                 AND tags.context = 'tags' ORDER BY tags.tag_id),  -- unless p_ci_build_tags.tag_id
+               WHERE tags.taggable_id = played.id  -- unless p_ci_build_tags.tag_id
+                 AND tags.taggable_type = 'CommitStatus' AND tags.context = 'tags'  -- unless p_ci_build_tags.tag_id
+               ORDER BY tags.tag_id),  -- unless p_ci_build_tags.tag_id
          actions.instance_runners_enabled, actions.namespace_traversal_ids
   FROM played JOIN actions ON actions.id = played.id
   -- A stop action shared by environments: their project is its own in GitLab; the first environment's, to be sure.

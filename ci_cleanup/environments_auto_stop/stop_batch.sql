@@ -1,7 +1,8 @@
 -- Environments::AutoStopService's batch on one database, in one statement: pick_batch.sql, play_stop_actions.sql
 -- and write_states.sql, each fed by the one before (on two databases they are three statements).
 -- Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now, 100 at a time), paged by
--- the cursor (auto_stop_at, id), locked; each with its last successful deployment (status 2 = success).
+-- the cursor (auto_stop_at, id), locked; each with its last finished deployment (the last successful one before
+-- GitLab 17.0).
 WITH picked AS (
   SELECT environments.id,
          -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
@@ -19,7 +20,11 @@ WITH picked AS (
   LEFT JOIN LATERAL (
     SELECT deployments.deployable_id, deployments.on_stop
     FROM deployments
-    WHERE deployments.environment_id = environments.id AND deployments.status = 2
+    WHERE deployments.environment_id = environments.id
+      -- Environment#stop_actions from GitLab 17.0: the last finished deployment (success 2, failed 3, canceled 4);
+      -- before, the last successful one. Told apart by 17.1's project_relation_exports.project_id (gitlab-releases.md).
+      AND deployments.status IN (2, 3, 4)  -- if project_relation_exports.project_id
+      AND deployments.status = 2  -- unless project_relation_exports.project_id
     ORDER BY deployments.id DESC
     LIMIT 1
   ) AS last_deployment ON true
@@ -82,8 +87,9 @@ queued AS (
                WHERE tags.build_id = played.id AND tags.partition_id = played.partition_id  -- if p_ci_build_tags.tag_id
                ORDER BY tags.tag_id),  -- if p_ci_build_tags.tag_id
          ARRAY(SELECT tags.tag_id FROM taggings AS tags  -- unless p_ci_build_tags.tag_id
-               WHERE tags.taggable_id = played.id AND tags.taggable_type = 'CommitStatus'  -- unless p_ci_build_tags.tag_id
-                 AND tags.context = 'tags' ORDER BY tags.tag_id),  -- unless p_ci_build_tags.tag_id
+               WHERE tags.taggable_id = played.id  -- unless p_ci_build_tags.tag_id
+                 AND tags.taggable_type = 'CommitStatus' AND tags.context = 'tags'  -- unless p_ci_build_tags.tag_id
+               ORDER BY tags.tag_id),  -- unless p_ci_build_tags.tag_id
          actions.instance_runners_enabled, actions.namespace_traversal_ids
   FROM played JOIN actions ON actions.id = played.id
   -- A stop action shared by environments: their project is its own in GitLab; the first environment's, to be sure.
