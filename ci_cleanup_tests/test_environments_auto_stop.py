@@ -24,6 +24,7 @@ from ci_cleanup.environments_auto_stop.job import (
 )
 from ci_cleanup.gitlab.batching import autocommit
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
+from ci_cleanup.gitlab.project_rows import add_projects
 from ci_cleanup.gitlab.schema import naive_utc
 from ci_cleanup.runs import DRY_RUN_TAG
 
@@ -216,6 +217,46 @@ def test_stop_actions_come_from_the_last_finished_deployment(stack, engine, redi
     assert row(engine, "environments", env_id).state == "stopping"
     assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [failed_stop]
     assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, running_stop]
+
+
+def project_review_app(engine, project_id: int) -> tuple[int, int]:
+    """A review app of project ``project_id``, its environment, deployment and builds all the project's."""
+    env_id = environment(engine, project_id=project_id)
+    build = dict(commit_id=700 + env_id, project_id=project_id)
+    deploy = create(engine, "ci_builds", name="deploy", status="success", **build)
+    stop = create(engine, "ci_builds", name="stop_review", status="manual", queued_at=None, **build)
+    create(engine, "deployments", project_id=project_id, environment_id=env_id, deployable_id=deploy,
+           on_stop="stop_review", status=2)
+    return env_id, stop
+
+
+def test_a_stop_action_is_queued_from_its_projects_settings_and_not_at_all_without_its_project(
+        stack, engine, redis_client):
+    """args_from_build: builds enabled means a project_features row with builds_access_level > 0 and the project not
+    pending_delete; group runners need a project_ci_cd_settings row that enables them."""
+    with on(engine, "projects").begin() as conn:
+        add_projects(conn, [2, 3, 4])
+        conn.execute(text("UPDATE projects SET pending_delete = true WHERE id = 2;"
+                          "DELETE FROM project_features WHERE project_id = 3;"
+                          "DELETE FROM project_ci_cd_settings WHERE project_id = 4"))
+    deleting, featureless, settingless, lost = (project_review_app(engine, p) for p in (2, 3, 4, 5))
+
+    dry = report(run_job(environments_auto_stop, stack, dry_run=True))
+    assert (dry["failed_ids"], ids(engine, "ci_pending_builds")) == ([lost[0]], [])
+    result = report(run_job(environments_auto_stop, stack))
+
+    with on(engine, "ci_pending_builds").connect() as conn:
+        assert conn.execute(text(
+            "SELECT build_id, namespace_id, instance_runners_enabled, namespace_traversal_ids "
+            "FROM ci_pending_builds ORDER BY build_id")).all() == [
+            (deleting[1], 2, False, []), (featureless[1], 3, False, []), (settingless[1], 4, True, [])]
+    assert [row(engine, "environments", env).state for env, _ in (deleting, featureless, settingless, lost)] == [
+        "stopping", "stopping", "stopping", "available"]
+    assert row(engine, "ci_builds", lost[1]).status == "manual"
+    assert (result["failed_ids"], result["stopping_count"], result["stop_actions_started"]) == ([lost[0]], 3, 3)
+    assert result["errors"] == [f"environment {lost[0]}: project 5 has no row in projects (or its namespace none in "
+                                f"namespaces): its stop actions cannot be queued for a runner, so none was played "
+                                f"and environment {lost[0]} was left available"]
 
 
 @pytest.mark.parametrize(
