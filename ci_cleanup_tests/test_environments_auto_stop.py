@@ -24,9 +24,9 @@ from ci_cleanup.environments_auto_stop.job import (
 )
 from ci_cleanup.gitlab.batching import autocommit
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
-from ci_cleanup.gitlab.project_rows import add_projects
 from ci_cleanup.gitlab.schema import naive_utc
 from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup_dev.project_rows import add_projects
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row, updates_refused
 from .harness import gitlab_database, on, statements_sent

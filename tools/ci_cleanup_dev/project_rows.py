@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from sqlalchemy.dialects.postgresql import insert
 
-from .schema import GitLabSchema, gitlab_schema, naive_utc, utc_now
+from ci_cleanup.gitlab.schema import GitLabSchema, gitlab_schema, naive_utc, utc_now
 
 ENABLED = 20  # ProjectFeature::ENABLED
 

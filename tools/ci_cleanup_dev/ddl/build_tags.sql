@@ -3,7 +3,7 @@
 -- project_id, all NOT NULL; PARTITION BY LIST (partition_id); primary key (id, partition_id); unique index
 -- (tag_id, build_id, partition_id); index (build_id, partition_id), left out here as the vendored subsets leave out
 -- non-unique indexes), its partitions as GitLab's partition manager makes them, one per builds partition.
--- Appended by ci_cleanup.gitlab.schema.ddl to the releases from 17.x on.
+-- Appended by ci_cleanup_dev.ddl.ddl to the releases from 17.x on.
 
 CREATE TABLE p_ci_build_tags (
     id bigint NOT NULL,

@@ -1,5 +1,5 @@
 -- The tables GitLab's Ci::PendingBuild.upsert_from_build! (args_from_build) reads beside the build, to queue a
--- stop action as GitLab queues it (issue 67). ci_cleanup.gitlab.schema.ddl appends this file to every release's
+-- stop action as GitLab queues it (issue 67). ci_cleanup_dev.ddl.ddl appends this file to every release's
 -- DDL (sql/versions/*.sql) and to structure.sql, and one of build_tags.sql (GitLab 17.3+) or taggings.sql.
 -- project_ci_cd_settings, project_features: read verbatim in gitlabhq/gitlabhq db/structure.sql at commit
 --   84f51c2a54ff1ef8f758e8c7086dada1fc801c29 (19.x; ~980k-988k of 2,930,484 chars), carried over to every

@@ -2,7 +2,7 @@
 -- taggable_type 'CommitStatus', context 'tags'). NOT VERBATIM: the columns acts-as-taggable-on's migration
 -- creates, as GitLab's ci database has them (ids widened to bigint); its non-unique index (taggable_id,
 -- taggable_type, context) left out, as the vendored subsets leave them out. Appended by
--- ci_cleanup.gitlab.schema.ddl to 16.0's DDL and to the flat layout's.
+-- ci_cleanup_dev.ddl.ddl to 16.0's DDL and to the flat layout's.
 
 CREATE TABLE taggings (
     id bigint NOT NULL,
