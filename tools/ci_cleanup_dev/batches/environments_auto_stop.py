@@ -72,6 +72,13 @@ def seed(
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
+# Environment#stop_actions' deployment: the last finished one (success 2, failed 3, canceled 4) from GitLab 17.0, the
+# last successful one before; told apart as the job tells them apart (17.1's project_relation_exports.project_id).
+STOP_DEPLOYMENT_STATUSES = """ANY(CASE WHEN EXISTS (
+    SELECT FROM pg_attribute WHERE attrelid = to_regclass('project_relation_exports') AND attname = 'project_id'
+      AND NOT attisdropped) THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"""
+
+
 ENVS_MAX_LOOPS = 10_000
 
 DUE = "state = 'available' AND auto_stop_at < :now"
@@ -94,9 +101,10 @@ def envs_raw(engine, client, on_batch):
             ids = list(conn.scalars(page, {"now": now, "after": after}))
             if not ids:
                 return total
-            with_actions = set(conn.scalars(text("""
+            with_actions = set(conn.scalars(text(f"""
                 SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
-                  WHERE d.environment_id = e.id AND d.status = 2 ORDER BY d.id DESC LIMIT 1) last
+                  WHERE d.environment_id = e.id AND d.status = {STOP_DEPLOYMENT_STATUSES}
+                  ORDER BY d.id DESC LIMIT 1) last
                 JOIN p_ci_builds deployable ON deployable.id = last.deployable_id
                 JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop
                                      AND stop.type = 'Ci::Build'
@@ -117,8 +125,8 @@ def envs_per_row(engine, client, on_batch):
         env = conn.execute(read, {"id": env_id, "now": now}).first()
         if env is None:
             return 0
-        last = text("SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id AND status = 2 "
-                    "ORDER BY id DESC LIMIT 1")
+        last = text(f"SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id "
+                    f"AND status = {STOP_DEPLOYMENT_STATUSES} ORDER BY id DESC LIMIT 1")
         conn.execute(last, {"id": env_id}).first()
         stop = text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive "
                     f"WHERE id = :id AND {DUE}")
@@ -151,7 +159,8 @@ actions AS (
               ELSE CAST('{}' AS bigint[]) END AS namespace_traversal_ids
   FROM batch
   LEFT JOIN project ON project.id = batch.project_id
-  JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d WHERE d.environment_id = batch.id AND d.status = 2
+  JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d
+                WHERE d.environment_id = batch.id AND d.status = {statuses}
                 ORDER BY d.id DESC LIMIT 1) last_deployment ON true
   JOIN p_ci_builds deployable ON deployable.id = last_deployment.deployable_id
   JOIN p_ci_builds stop_action ON stop_action.commit_id = deployable.commit_id
@@ -193,7 +202,8 @@ TAGGINGS = ("ARRAY(SELECT tag_id FROM taggings t WHERE t.taggable_id = played.id
 def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     cur.execute("SELECT to_regclass('p_ci_build_tags') IS NOT NULL")
-    statement = ENVS.replace("{tags}", BUILD_TAGS if cur.fetchone()[0] else TAGGINGS)
+    statement = ENVS.replace("{tags}", BUILD_TAGS if cur.fetchone()[0] else TAGGINGS).replace(
+        "{statuses}", STOP_DEPLOYMENT_STATUSES)
     after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:
@@ -227,14 +237,15 @@ def _environment_cases(conn, client: redis.Redis, before: dict[str, int]) -> Non
     conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
     # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
     before["p_ci_builds"] = max_id(conn, "p_ci_builds")
-    conn.execute(text("""
+    conn.execute(text(f"""
         INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
                                  created_at, updated_at, "when", allow_failure)
         SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
                deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
                deployable.created_at, 'manual', true
         FROM environments e
-        JOIN deployments d ON d.environment_id = e.id AND d.status = 2
+        JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d WHERE d.environment_id = e.id
+                        AND d.status = {STOP_DEPLOYMENT_STATUSES} ORDER BY d.id DESC LIMIT 1) d ON true
         JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
         WHERE e.id > :before AND e.id % 10 = 0
         ORDER BY deployable.commit_id
