@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 from ci_cleanup.gitlab.schema import CI_DATABASE, MAIN_DATABASE, database_of, gitlab_schema
 from ci_cleanup_dev.ddl import create_schema, truncate_all
 from ci_cleanup_dev.devstack import EmbeddedStack, PgBouncer, create_decomposed
+from ci_cleanup_dev.project_rows import add_projects
 
 
 @contextlib.contextmanager
@@ -44,25 +45,32 @@ def gitlab_stack(data_dir: Path) -> Iterator[EmbeddedStack]:
 
 
 def gitlab_database(url: str, *statements: str) -> Engine:
-    """An engine on ``url`` whose database has GitLab's tables, after ``statements`` (to break or fill it)."""
+    """An engine on ``url`` whose database has GitLab's tables and project 1, after ``statements`` (to break or
+    fill it)."""
     engine = create_engine(url)
     create_schema(engine)
     with engine.begin() as conn:
+        if conn.scalar(text("SELECT to_regclass('projects')")) is not None:
+            add_projects(conn, [1])
         for statement in statements:
             conn.execute(text(statement))
     return engine
 
 
 def reset(engine: Engine | Databases, redis_client=None, *, also: tuple[str, ...] = ()) -> None:
-    """Every GitLab table emptied (with ``also``), and the client's Redis db flushed (that db only: tests and
+    """Every GitLab table emptied (with ``also``) but for GitLab's project 1 (the factories' default, its group,
+    builds and runners on: ``add_projects``), and the client's Redis db flushed (that db only: tests and
     series that use other dbs of the same server flush their own). Decomposed: each database's own tables."""
     if isinstance(engine, Databases):
         for database, own in ((MAIN_DATABASE, engine.main), (CI_DATABASE, engine.ci)):
             with own.begin() as conn:
                 truncate_all(conn, gitlab_schema(), also=also, database=database)
+                if database == MAIN_DATABASE:
+                    add_projects(conn, [1])
     else:
         with engine.begin() as conn:
             truncate_all(conn, gitlab_schema(), also=also)
+            add_projects(conn, [1])
     if redis_client is not None:
         redis_client.flushdb()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, DagsterInstance, DagsterInvalidConfigError
 from sqlalchemy import text, update
 
 from ci_cleanup.drop_canceling_builds import service
@@ -166,7 +166,8 @@ def test_a_batch_reads_only_its_own_builds_rows_of_the_queues_whatever_their_sta
     with ci.begin() as conn:
         conn.execute(S.ci_builds.insert(), queued + stuck)
     limits = service.Limits(utc_now() - service.TIMEOUT)
-    params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "batch_size": 100, "passed_over": []}
+    params = {"cutoff": naive_ago(hours=1), "now": naive_ago(), "batch_size": 100, "passed_over": [],
+              "failure_reason": 3}
     with statistics_say_empty(ci, enqueue, *queues):
         with ci.connect() as conn:
             [plan] = conn.exec_driver_sql(
@@ -411,6 +412,33 @@ def test_limits_are_config_and_validated(stack, engine, redis_client):
         assert not result.success
         assert_untouched(engine, other, before)
     assert redis_client.exists(LEASE) == 0
+
+
+def test_gitlab_19_1s_rule_is_one_run_config_and_a_failure_reason_outside_the_two_is_refused(
+        stack, engine, redis_client):
+    # GitLab 19.1+'s DropCancelingService: 30 minutes untouched, failed with no_updates_canceling (28).
+    stale = outdated(engine)
+    young = create(engine, "ci_builds", created_at=naive_ago(minutes=40), updated_at=naive_ago(minutes=40))
+    recent = create(engine, "ci_builds", created_at=naive_ago(minutes=20), updated_at=naive_ago(minutes=20))
+    before = row(engine, "ci_builds", recent)
+    # Refused by Dagster's config check (the Launchpad's too), before the run starts.
+    with pytest.raises(DagsterInvalidConfigError, match="failure_reason not in enum type"):
+        run_job(drop_canceling_builds, stack, run_config={"ops": {"find_canceling_builds": {
+            "config": {"failure_reason": "data_integrity_failure"}}}})
+    assert row(engine, "ci_builds", stale).status == "canceling"
+
+    result = run_job(drop_canceling_builds, stack, run_config={"ops": {"find_canceling_builds": {
+        "config": {"timeout_minutes": 30, "failure_reason": "no_updates_canceling"}}}})
+
+    assert [(b, row(engine, "ci_builds", b).status, row(engine, "ci_builds", b).failure_reason)
+            for b in (stale, young)] == [(stale, "failed", 28), (young, "failed", 28)]
+    assert_untouched(engine, recent, before)
+    assert op_metadata(result, "find_canceling_builds")["failure_reason"] == "no_updates_canceling"
+    [observed] = [e.event_specific_data.asset_observation.metadata for e in result.all_events
+                  if e.event_type_value == "ASSET_OBSERVATION"]
+    assert sorted((r.data["build_id"], r.data["failure_reason"])
+                  for r in observed["dropping_outdated_builds"].value.records) == [
+        (stale, "no_updates_canceling"), (young, "no_updates_canceling")]
 
 
 def test_dry_run_reports_and_writes_nothing(stack, engine, redis_client):

@@ -26,6 +26,7 @@ from ci_cleanup.gitlab.batching import autocommit
 from ci_cleanup.gitlab.exclusive_lease import PREFIX, ExclusiveLease
 from ci_cleanup.gitlab.schema import naive_utc
 from ci_cleanup.runs import DRY_RUN_TAG
+from ci_cleanup_dev.project_rows import add_projects
 
 from .factories import S, ago, backend_waiting_on_lock, create, ids, naive_ago, row, updates_refused
 from .harness import gitlab_database, on, statements_sent
@@ -196,24 +197,66 @@ def test_stop_action_not_manual_is_left_as_is_and_environment_goes_stopping(stac
     assert (report(result)["stopping_count"], report(result)["stop_actions_started"]) == (1, 0)
 
 
-def test_stop_actions_come_from_the_last_successful_deployment(stack, engine, redis_client):
+def test_stop_actions_come_from_the_last_finished_deployment(stack, engine, redis_client):
+    """GitLab 17.0+ (this schema's): the last deployment that finished, failed or canceled included
+    (Deployment.last_finished_deployment_group_for_environment); one still running is not finished."""
     env_id = environment(engine)
     old_deploy = create(engine, "ci_builds", commit_id=10, name="deploy", status="success")
     old_stop = create(engine, "ci_builds", commit_id=10, name="stop_review", status="manual")
     create(engine, "deployments", environment_id=env_id, deployable_id=old_deploy, on_stop="stop_review", status=2)
-    new_deploy = create(engine, "ci_builds", commit_id=20, name="deploy", status="success")
-    new_stop = create(engine, "ci_builds", commit_id=20, name="stop_review", status="manual")
+    failed_deploy = create(engine, "ci_builds", commit_id=20, name="deploy", status="failed")
+    failed_stop = create(engine, "ci_builds", commit_id=20, name="stop_review", status="manual")
     bridge = create(engine, "ci_builds", commit_id=20, name="stop_review", type="Ci::Bridge", status="manual")
-    create(engine, "deployments", environment_id=env_id, deployable_id=new_deploy, on_stop="stop_review", status=2)
-    failed_deploy = create(engine, "ci_builds", commit_id=30, name="deploy", status="failed")
-    failed_stop = create(engine, "ci_builds", commit_id=30, name="stop_review", status="manual")
     create(engine, "deployments", environment_id=env_id, deployable_id=failed_deploy, on_stop="stop_review", status=3)
+    running_deploy = create(engine, "ci_builds", commit_id=30, name="deploy", status="running")
+    running_stop = create(engine, "ci_builds", commit_id=30, name="stop_review", status="manual")
+    create(engine, "deployments", environment_id=env_id, deployable_id=running_deploy, on_stop="stop_review", status=1)
 
     run_job(environments_auto_stop, stack)
 
     assert row(engine, "environments", env_id).state == "stopping"
-    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [new_stop]
-    assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, failed_stop]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [failed_stop]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, running_stop]
+
+
+def project_review_app(engine, project_id: int) -> tuple[int, int]:
+    """A review app of project ``project_id``, its environment, deployment and builds all the project's."""
+    env_id = environment(engine, project_id=project_id)
+    build = dict(commit_id=700 + env_id, project_id=project_id)
+    deploy = create(engine, "ci_builds", name="deploy", status="success", **build)
+    stop = create(engine, "ci_builds", name="stop_review", status="manual", queued_at=None, **build)
+    create(engine, "deployments", project_id=project_id, environment_id=env_id, deployable_id=deploy,
+           on_stop="stop_review", status=2)
+    return env_id, stop
+
+
+def test_a_stop_action_is_queued_from_its_projects_settings_and_not_at_all_without_its_project(
+        stack, engine, redis_client):
+    """args_from_build: builds enabled means a project_features row with builds_access_level > 0 and the project not
+    pending_delete; group runners need a project_ci_cd_settings row that enables them."""
+    with on(engine, "projects").begin() as conn:
+        add_projects(conn, [2, 3, 4])
+        conn.execute(text("UPDATE projects SET pending_delete = true WHERE id = 2;"
+                          "DELETE FROM project_features WHERE project_id = 3;"
+                          "DELETE FROM project_ci_cd_settings WHERE project_id = 4"))
+    deleting, featureless, settingless, lost = (project_review_app(engine, p) for p in (2, 3, 4, 5))
+
+    dry = report(run_job(environments_auto_stop, stack, dry_run=True))
+    assert (dry["failed_ids"], ids(engine, "ci_pending_builds")) == ([lost[0]], [])
+    result = report(run_job(environments_auto_stop, stack))
+
+    with on(engine, "ci_pending_builds").connect() as conn:
+        assert conn.execute(text(
+            "SELECT build_id, namespace_id, instance_runners_enabled, namespace_traversal_ids "
+            "FROM ci_pending_builds ORDER BY build_id")).all() == [
+            (deleting[1], 2, False, []), (featureless[1], 3, False, []), (settingless[1], 4, True, [])]
+    assert [row(engine, "environments", env).state for env, _ in (deleting, featureless, settingless, lost)] == [
+        "stopping", "stopping", "stopping", "available"]
+    assert row(engine, "ci_builds", lost[1]).status == "manual"
+    assert (result["failed_ids"], result["stopping_count"], result["stop_actions_started"]) == ([lost[0]], 3, 3)
+    assert result["errors"] == [f"environment {lost[0]}: project 5 has no row in projects (or its namespace none in "
+                                f"namespaces): its stop actions cannot be queued for a runner, so none was played "
+                                f"and environment {lost[0]} was left available"]
 
 
 @pytest.mark.parametrize(
@@ -402,7 +445,8 @@ def test_environment_restarted_while_the_batch_waits_on_it_is_not_picked_and_its
     worker = threading.Thread(target=lambda: out.append(service.auto_stop_environments(main, ci, S)))
     worker.start()
     try:
-        backend_waiting_on_lock(main, "%FOR UPDATE OF environments%")  # the pick waits on the restarted rows
+        # the pick waits on the restarted rows (its FOR UPDATE is past pg_stat_activity's first 1024 bytes)
+        backend_waiting_on_lock(main, "%FROM environments%")
         restart.commit()
     finally:
         if restart.is_active:

@@ -99,12 +99,16 @@ def test_each_table_is_used_in_the_database_of_its_gitlab_schema_and_the_run_say
     seeded = seed_one_candidate_each(dbs)
     result = run_job(BY_NAME["environments_auto_stop"].job, deployed)
     used = op_metadata(result, "find_auto_stoppable_environments")["gitlab_databases"]
-    assert used == {"environments": "main", "deployments": "main", "p_ci_builds": "ci", "ci_pending_builds": "ci"}
+    assert used == {"environments": "main", "deployments": "main", "p_ci_builds": "ci", "ci_pending_builds": "ci",
+                    "projects": "main", "namespaces": "main", "project_features": "main",
+                    "project_ci_cd_settings": "main", "p_ci_build_tags": "ci"}
     assert row(dbs, *seeded["environments_auto_stop"]).state == "stopped"
     assert {t.name: database_of(t) for t in S.metadata.sorted_tables} == {
         "p_ci_builds": "ci", "ci_pending_builds": "ci", "ci_running_builds": "ci", "ci_runner_machines": "ci",
         "p_ci_job_artifacts": "ci", "ci_deleted_objects": "ci", "environments": "main", "deployments": "main",
         "project_export_jobs": "main", "project_relation_exports": "main", "features": "main", "feature_gates": "main",
+        "projects": "main", "namespaces": "main", "project_features": "main", "project_ci_cd_settings": "main",
+        "p_ci_build_tags": "ci", "taggings": "ci",
     }
 
 

@@ -16,6 +16,7 @@ from ci_cleanup.schedule_bulk_delete_job_artifacts.job import schedule_bulk_dele
 from ci_cleanup.stale_runner_machines_cleanup.job import stale_runner_machines_cleanup
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 from ci_cleanup_dev.ddl import create_schema
+from ci_cleanup_dev.project_rows import add_projects
 
 from .factories import ago, create, naive_ago
 from .harness import scratch_database_of
@@ -89,7 +90,9 @@ def test_stuck_export_jobs_fails_an_export_whose_sidekiq_job_is_gone(stack, layo
 
 def test_environments_auto_stop_queues_the_stop_action_with_its_own_partition(stack, layout, redis_client):
     name, url, engine, schema = layout
-    env = create(engine, "environments", schema=schema, auto_stop_at=ago(hours=1))
+    with engine.begin() as conn:
+        add_projects(conn, [7], schema)
+    env = create(engine, "environments", schema=schema, auto_stop_at=ago(hours=1), project_id=7)
     pipeline = dict(schema=schema, partition_id=NEWEST[name], commit_id=4242, project_id=7)
     deploy = create(engine, "ci_builds", status="success", name="deploy_review", **pipeline)
     stop = create(engine, "ci_builds", status="manual", name="stop_review", **pipeline)
@@ -101,8 +104,9 @@ def test_environments_auto_stop_queues_the_stop_action_with_its_own_partition(st
     with engine.connect() as conn:
         assert conn.execute(select(e.c.state).where(e.c.id == env)).scalar_one() == "stopping"
         assert conn.execute(select(b.c.status).where(b.c.id == stop)).scalar_one() == "pending"
-        assert conn.execute(select(pending.c.build_id, pending.c.project_id, pending.c.partition_id)).all() == [
-            (stop, 7, NEWEST[name])]
+        assert conn.execute(select(pending.c.build_id, pending.c.project_id, pending.c.partition_id,
+                                   pending.c.instance_runners_enabled, pending.c.namespace_traversal_ids)).all() == [
+            (stop, 7, NEWEST[name], True, [7])]
 
 
 def test_schedule_bulk_delete_job_artifacts_deletes_in_every_partition(stack, layout, redis_client):
@@ -120,5 +124,5 @@ def test_schedule_bulk_delete_job_artifacts_deletes_in_every_partition(stack, la
         assert conn.execute(select(a.c.id)).scalars().all() == [kept]
         assert sorted(conn.execute(select(d.c.store_dir)).scalars()) == [f"final/{p}" for p in partitions]
     assert op_metadata(result, "schedule_buckets")["gitlab_tables"] == [
-        ARTIFACTS[name], "ci_deleted_objects", "feature_gates"]
+        ARTIFACTS[name], "ci_deleted_objects", "features", "feature_gates"]
     assert len(expired) == len(partitions)

@@ -50,6 +50,7 @@ from ci_cleanup.stuck_export_jobs import uses as export_uses
 from ci_cleanup.stuck_export_jobs.job import stuck_export_jobs
 from ci_cleanup_dev.ddl import create_schema, ddl, lock_writes, truncate_all
 from ci_cleanup_dev.devstack import PgBouncer
+from ci_cleanup_dev.project_rows import add_projects
 
 from .factories import ago, naive_ago
 from .harness import scratch_database_of
@@ -59,16 +60,17 @@ from .runner import op_metadata, run_job, step_failure_message
 # plain table (GitLab partitioned them by runner_type later in 17.x).
 GITLAB_17_0 = "17.0-like"
 LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "18.x": "partitioned",
-           "18.y": "partitioned_dynamic"}
+           "18.y": "partitioned_dynamic", "19.x": "partitioned_dynamic"}
+NEWEST = "19.x"
 _17_0_LACKS = ("runner_machines_runner_type", "runner_machines_sharding_key_id", "environments_auto_stop_setting",
-               "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id")
+               "deleted_objects_project_id", "deleted_objects_created_at", "relation_exports_project_id", "build_tags")
 EXPECTED = {**KNOWN, GITLAB_17_0: Release("partitioned", True, True, False,
                                           {name: name not in _17_0_LACKS for name in KNOWN["17.x"].features})}
 
 # (job, release) -> what its statements lack there: the case asserts GitLab's outcome and fails until they have it.
 @dataclass(frozen=True)
 class ReleaseDb:
-    """A release's database(s): one, or (``18.y-deployed``) main and ci, reached by the jobs through PgBouncer."""
+    """A release's database(s): one, or (``19.x-deployed``) main and ci, reached by the jobs through PgBouncer."""
 
     name: str
     stack: object  # the embedded stack: its Redis
@@ -81,7 +83,7 @@ class ReleaseDb:
 
     @property
     def base(self) -> str:
-        """The vendored release this one is (the deployed newest is 18.y)."""
+        """The vendored release this one is (the deployed newest is 19.x)."""
         return self.name.removesuffix(DEPLOYED)
 
     def has(self, feature: str) -> bool:
@@ -119,14 +121,15 @@ class ReleaseDb:
 def gitlab_17_0(engine: Engine) -> None:
     create_schema(engine, release="17.x")
     plain_machines = [s for s in ddl(release="16.0") if "ci_runner_machines" in s]
+    taggings = [s for s in ddl(release="16.0") if "taggings" in s]  # p_ci_build_tags came in 17.3
     with engine.begin() as conn:
         conn.execute(text(
             "ALTER TABLE environments DROP COLUMN auto_stop_setting;"
             "ALTER TABLE ci_deleted_objects DROP COLUMN project_id, DROP COLUMN created_at;"
             "DROP TRIGGER trigger_b2612138515d ON project_relation_exports;"
             "ALTER TABLE project_relation_exports DROP COLUMN project_id;"
-            "DROP TABLE ci_runner_machines, ci_runner_machines_archived CASCADE"))
-        for statement in plain_machines:
+            "DROP TABLE ci_runner_machines, ci_runner_machines_archived, p_ci_build_tags CASCADE"))
+        for statement in plain_machines + taggings:
             conn.execute(text(statement))
 
 
@@ -147,8 +150,8 @@ def _detected(engine: Engine, ci_engine: Engine | None = None) -> tuple[GitLabSc
 
 @contextlib.contextmanager
 def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
-    """18.y as deployed: main and ci, 18.y's DDL in both, GitLab's lock-writes triggers on the other's tables, the
-    jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
+    """The newest as deployed: main and ci, its DDL in both, GitLab's lock-writes triggers on the other's tables,
+    the jobs through PgBouncer (transaction pooling), the test's reads and writes direct."""
     if shutil.which("pgbouncer") is None and not os.path.exists("/usr/sbin/pgbouncer"):
         if os.environ.get("CI") == "true":
             pytest.fail("pgbouncer is not installed: .ci/run installs Debian's pgbouncer")
@@ -157,19 +160,19 @@ def deployed_newest(stack, data_dir) -> Iterator[ReleaseDb]:
         engines = {}
         for database, url in ((MAIN_DATABASE, main_url), (CI_DATABASE, ci_url)):
             engines[database] = create_engine(url)
-            create_schema(engines[database], release="18.y")
+            create_schema(engines[database], release=NEWEST)
             with engines[database].begin() as conn:
                 lock_writes(conn, database)
         pools = {"release_main": (make_url(main_url).database, 2), "release_ci": (make_url(ci_url).database, 2)}
         with PgBouncer.of_stack(stack, data_dir, pools) as bouncer:
             schema, release = _detected(engines[MAIN_DATABASE], engines[CI_DATABASE])
-            yield ReleaseDb("18.y" + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
+            yield ReleaseDb(NEWEST + DEPLOYED, stack, bouncer.url("release_main"), engines[MAIN_DATABASE], schema,
                             release, bouncer.url("release_ci"), engines[CI_DATABASE])
         for engine in engines.values():
             engine.dispose()
 
 
-@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "18.y" + DEPLOYED])
+@pytest.fixture(scope="module", params=["16.0", GITLAB_17_0, "17.x", "18.x", "18.y", "19.x", NEWEST + DEPLOYED])
 def release_db(request, stack, servers_dir):
     if request.param.endswith(DEPLOYED):
         with deployed_newest(stack, servers_dir / "release_pgbouncer") as db:
@@ -246,7 +249,7 @@ def test_drop_canceling_builds(db):
 
 
 def test_stale_runner_machines_cleanup(db):
-    # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y) by GitLab's checks.
+    # An instance runner's machine: no sharding key (17.x-18.x) and no organization (18.y, 19.x) by GitLab's checks.
     kind = {"runner_type": 1} if db.has("runner_machines_runner_type") else {}
 
     def machine(created, contacted=None) -> int:
@@ -264,11 +267,13 @@ def test_stale_runner_machines_cleanup(db):
 
 
 def test_stuck_export_jobs(db, redis_client):
-    def export(jid: str, status: int, hours: int) -> int:
-        return db.insert("project_export_jobs", project_id=1, jid=jid, status=status,
+    def export(jid: str, status: int, hours: int, project_id: int = 1) -> int:
+        return db.insert("project_export_jobs", project_id=project_id, jid=jid, status=status,
                          created_at=ago(hours=hours), updated_at=ago(hours=hours))
 
     gone = export("jid-gone", 1, 7)
+    # GitLab 18.6+ keys export jobs by (jid, project_id): another project's job under the same jid, gone too.
+    twin = [export("jid-gone", 1, 7, project_id=2)] if db.base in ("18.y", "19.x") else []
     alive = export("jid-alive", 1, 7)
     finished = export("jid-finished", 2, 7)
     parallel = export("jid-parallel", 1, 1)  # young, with relation exports: spared (GitLab's EXPORT_JOBS_EXPIRATION)
@@ -279,36 +284,153 @@ def test_stuck_export_jobs(db, redis_client):
     db.run(stuck_export_jobs)
 
     assert db.rows("SELECT id, status FROM project_export_jobs ORDER BY id") == [
-        (gone, 3), (alive, 1), (finished, 2), (parallel, 1)]
+        (gone, 3), *[(t, 3) for t in twin], (alive, 1), (finished, 2), (parallel, 1)]
 
 
-def test_environments_auto_stop(db):
+# A runner as GitLab's queue query takes it (Ci::Runner: runner_type, its groups' ids, its projects, tags,
+# run_untagged, access_level ref_protected).
+@dataclass(frozen=True)
+class Runner:
+    kind: str  # instance_type, group_type, project_type
+    namespace_ids: tuple[int, ...] = ()
+    project_ids: tuple[int, ...] = ()
+    tag_ids: tuple[int, ...] = ()
+    run_untagged: bool = True
+    ref_protected: bool = False
+
+
+def _array(ids) -> str:
+    return "'{" + ",".join(map(str, ids)) + "}'"  # GitLab's own untyped literal ('{?}'), for integer[] and bigint[]
+
+
+def runner_queue(db: ReleaseDb, runner: Runner) -> list[int]:
+    """The pending builds ``runner`` would be offered, as GitLab's own queue query selects them, translated from
+    gitlabhq: Ci::Queue::BuildQueueService#build_candidates (app/services/ci/queue/build_queue_service.rb) and
+    Ci::Queue::PendingBuildsStrategy @ e480ec63 (builds_for_shared_runner: new_builds.with_instance_runners;
+    builds_for_group_runner: namespace_traversal_ids && '{?}' of runner.namespace_ids; builds_for_project_runner:
+    where(project: runner.runner_projects); builds_for_protected_runner: ref_protected; builds_matching_tag_ids:
+    Ci::PendingBuild.for_tags (tag_ids <@ '{?}', or tag_ids = '{}' for a runner without tags); builds_with_any_tags
+    unless run_untagged: cardinality(tag_ids) > 0), in its order (build_id)."""
+    where = {"instance_type": "instance_runners_enabled = true",
+             "group_type": f"namespace_traversal_ids && {_array(runner.namespace_ids)}",
+             "project_type": f"project_id IN (SELECT unnest(CAST({_array(runner.project_ids)} AS bigint[])))",
+             }[runner.kind]
+    where += " AND protected = true" if runner.ref_protected else ""
+    where += f" AND tag_ids <@ {_array(runner.tag_ids)}" if runner.tag_ids else " AND tag_ids = '{}'"
+    where += "" if runner.run_untagged else " AND cardinality(tag_ids) > 0"
+    with db.engine_of("ci_pending_builds").connect() as conn:
+        return list(conn.scalars(text(f"SELECT build_id FROM ci_pending_builds WHERE {where} ORDER BY build_id")))
+
+
+DOCKER_TAG = 41  # a tags row's id (Ci::Tag), as a build's tags and a runner's tags name it
+
+
+def test_environments_auto_stop_queues_each_stop_action_for_the_runners_gitlab_would_offer_it_to(db):
+    """Each stop action played joins the queue as Ci::PendingBuild.upsert_from_build! writes it, and each runner's
+    queue query (GitLab's own) finds exactly the stop actions GitLab's would."""
     with_setting = db.has("environments_auto_stop_setting")
+    with db.engine_of("projects").begin() as conn:
+        add_projects(conn, [7, 8, 9, 10])
+        # Project 7 in subgroup 7 of group 70; 8 without shared runners; 9 without group runners; 10 without builds.
+        conn.execute(text("UPDATE namespaces SET traversal_ids = '{70,7}', parent_id = 70 WHERE id = 7;"
+                          "UPDATE projects SET shared_runners_enabled = false WHERE id = 8;"
+                          "UPDATE project_ci_cd_settings SET group_runners_enabled = false WHERE project_id = 9;"
+                          "UPDATE project_features SET builds_access_level = 0 WHERE project_id = 10"))
 
-    def environment(name: str, hours: int, **values) -> int:
-        return db.insert("environments", project_id=7, name=name, slug=name, state="available",
+    def environment(name: str, hours: int, project_id: int = 7, **values) -> int:
+        return db.insert("environments", project_id=project_id, name=name, slug=name, state="available",
                          auto_stop_at=ago(hours=hours), created_at=naive_ago(days=1), updated_at=naive_ago(days=1),
                          **values)
 
+    def review_app(name: str, project_id: int, tags: tuple[int, ...] = (), protected: bool = False) -> tuple:
+        env = environment(name, 1, project_id)
+        build = {**BUILD, "project_id": project_id, "commit_id": 4200 + env}
+        deploy = db.insert("ci_builds", name="deploy", status="success", **build)
+        stop = db.insert("ci_builds", name="stop", status="manual", protected=protected, **build)
+        for tag in tags:
+            if db.has("build_tags"):
+                db.insert("p_ci_build_tags", tag_id=tag, build_id=stop, partition_id=100, project_id=project_id)
+            else:
+                db.insert("taggings", tag_id=tag, taggable_id=stop, taggable_type="CommitStatus", context="tags")
+        db.insert("deployments", iid=env, project_id=project_id, environment_id=env, ref="main", tag=False,
+                  sha="a" * 40, status=2, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop",
+                  created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+        return env, deploy, stop
+
     due = environment("review-due", 1)
     later = environment("review-later", -24)
-    with_stop = environment("review-stop", 1)
-    deploy = db.insert("ci_builds", name="deploy_review", status="success", **BUILD)
-    stop = db.insert("ci_builds", name="stop_review", status="manual", **BUILD)
-    db.insert("deployments", iid=1, project_id=7, environment_id=with_stop, ref="main", tag=False, sha="a" * 40,
-              status=2, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop_review",
-              created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    plain = review_app("plain", 7)
+    tagged = review_app("tagged", 7, tags=(DOCKER_TAG,), protected=True)
+    no_shared = review_app("no-shared", 8)
+    no_group = review_app("no-group", 9)
+    no_builds = review_app("no-builds", 10)
+    lost = review_app("lost", 11)  # no row in projects
     # with_action and no stop action: left available (only where the release has the setting).
     kept = environment("review-kept", 1, auto_stop_setting=1) if with_setting else None
 
     result = db.run(environments_auto_stop)
 
-    expected = [(due, "stopped", True), (later, "available", False), (with_stop, "stopping", False)]
+    queued = [plain, tagged, no_shared, no_group, no_builds]
+    expected = [(due, "stopped", True), (later, "available", False)]
+    expected += [(env, "stopping", False) for env, _, _ in queued] + [(lost[0], "available", False)]
     expected += [(kept, "available", False)] if with_setting else []
     assert db.rows("SELECT id, state, auto_stop_at IS NULL FROM environments ORDER BY id") == expected
-    assert db.rows("SELECT id, status FROM {builds} ORDER BY id") == [(deploy, "success"), (stop, "pending")]
-    assert db.rows("SELECT build_id, project_id, partition_id FROM ci_pending_builds") == [(stop, 7, 100)]
+    assert db.rows("SELECT id, status FROM {builds} WHERE name = 'stop' ORDER BY id") == [
+        *((stop, "pending") for _, _, stop in queued), (lost[2], "manual")]
+    # Every column args_from_build writes, from the same sources.
+    assert db.rows("SELECT build_id, project_id, partition_id, protected, namespace_id, tag_ids, "
+                   "instance_runners_enabled, namespace_traversal_ids FROM ci_pending_builds ORDER BY build_id") == [
+        (plain[2], 7, 100, False, 7, [], True, [70, 7]),
+        (tagged[2], 7, 100, True, 7, [DOCKER_TAG], True, [70, 7]),
+        (no_shared[2], 8, 100, False, 8, [], False, [8]),
+        (no_group[2], 9, 100, False, 9, [], True, []),
+        (no_builds[2], 10, 100, False, 10, [], False, []),
+    ]
+    # Each runner is offered exactly what GitLab's would offer it.
+    assert runner_queue(db, Runner("instance_type")) == [plain[2], no_group[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG, 99))) == [plain[2], tagged[2], no_group[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG,), run_untagged=False)) == [tagged[2]]
+    assert runner_queue(db, Runner("instance_type", tag_ids=(DOCKER_TAG,), ref_protected=True)) == [tagged[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(70,))) == [plain[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(8,))) == [no_shared[2]]
+    assert runner_queue(db, Runner("group_type", namespace_ids=(9, 10))) == []
+    assert runner_queue(db, Runner("project_type", project_ids=(10,))) == [no_builds[2]]
+    assert runner_queue(db, Runner("project_type", project_ids=(7,), tag_ids=(DOCKER_TAG,))) == [
+        plain[2], tagged[2]]
+    # The environment whose project has no row: one line naming it, nothing of it changed.
+    report = op_metadata(result, "report_stopped_environments")
+    assert (report["failed_ids"], report["rows_with_errors"]) == ([lost[0]], 1)
+    assert report["errors"] == [
+        f"environment {lost[0]}: project 11 has no row in projects (or its namespace none in namespaces): its stop "
+        f"actions cannot be queued for a runner, so none was played and environment {lost[0]} was left available"]
     assert_release_metadata(result, "find_auto_stoppable_environments", db)
+
+
+def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_releases_gitlab_would(db):
+    """Environment#stop_actions: from GitLab 17.0 the last finished deployment's pipeline (success, failed or
+    canceled: Deployment.last_finished_deployment_group_for_environment), before it the last successful one's
+    (last_deployment_group). Told apart by 17.1's project_relation_exports.project_id: 17.0-like reads as before."""
+    finished_rule = db.has("relation_exports_project_id")
+    with db.engine_of("projects").begin() as conn:
+        add_projects(conn, [7])
+    env = db.insert("environments", project_id=7, name="review", slug="review", state="available",
+                    auto_stop_at=ago(hours=1), created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
+    stops = {}
+    for iid, status in ((1, 2), (2, 3)):  # a successful deployment, then a failed one (each its own pipeline)
+        build = {**BUILD, "commit_id": 5000 + iid}
+        deploy = db.insert("ci_builds", name="deploy", status="success" if status == 2 else "failed", **build)
+        stops[status] = db.insert("ci_builds", name="stop", status="manual", **build)
+        db.insert("deployments", iid=iid, project_id=7, environment_id=env, ref="main", tag=False, sha="a" * 40,
+                  status=status, deployable_type="CommitStatus", deployable_id=deploy, on_stop="stop",
+                  created_at=naive_ago(hours=3 - iid), updated_at=naive_ago(hours=3 - iid))
+
+    db.run(environments_auto_stop)
+
+    played = stops[3] if finished_rule else stops[2]
+    assert db.rows("SELECT id, status FROM {builds} WHERE name = 'stop' ORDER BY id") == sorted(
+        (stop, "pending" if stop == played else "manual") for stop in stops.values())
+    assert db.rows("SELECT build_id FROM ci_pending_builds") == [(played,)]
+    assert db.rows("SELECT state FROM environments") == [("stopping",)]
 
 
 CREATED = ago(days=1)

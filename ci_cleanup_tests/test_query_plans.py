@@ -64,7 +64,7 @@ def statements(engine):
     yield "drop_canceling_builds batch excluding left builds", drop_sql(
         drop_canceling.CANDIDATES, batch_size=100, passed_over=builds[:3])
     yield "drop_canceling_builds drop", drop_sql(
-        drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3])
+        drop_canceling.NEXT_BATCH, now=naive_now, batch_size=100, passed_over=builds[:3], failure_reason=3)
     yield "drop_canceling_builds drop these builds", drop_sql(
         drop_canceling.THESE_BUILDS, now=naive_now, ids=builds[3:], failure_reason=3)
     yield "stale_runner_machines_cleanup count", stale_machines.COUNT.on(S, engine.dialect).bindparams(
@@ -110,8 +110,10 @@ def environments_statements(dialect, envs):
     yield "environments_auto_stop dry run's batch", auto_stop.FIND_BATCH.on(S, dialect).bindparams(**batch)
     deployed = {"environment_ids": [env.id for env in envs], "deployable_ids": [env.id for env in envs],
                 "on_stops": ["stop_review"] * len(envs)}
+    queue = {"namespace_ids": [env.project_id for env in envs], "instance_runners_enabled": [True] * len(envs),
+             "namespace_traversal_ids": [f"{{{env.project_id}}}" for env in envs]}
     yield "environments_auto_stop stop actions", auto_stop.PLAY_STOP_ACTIONS.on(S, dialect).bindparams(
-        **deployed, naive_now=NOW.replace(tzinfo=None))
+        **deployed, **queue, naive_now=NOW.replace(tzinfo=None))
     yield "environments_auto_stop dry run's stop actions", auto_stop.FIND_STOP_ACTIONS.on(S, dialect).bindparams(
         **deployed)
     yield "environments_auto_stop states", auto_stop.WRITE_STATES.on(S, dialect).bindparams(
@@ -127,7 +129,7 @@ def artifact_batch(engine):
     cursor = expired[len(expired) // 2]
     return bulk_delete.BATCH.on(S, engine.dialect).bindparams(
         bucket=1, now=NOW, limit=bulk_delete.BATCH_SIZE, after=str(cursor.expire_at),
-        **bulk_delete.pick_up_at_bounds(NOW),
+        **bulk_delete.pick_up_at_bounds(NOW), **bulk_delete.FlagRule().params(),
     )
 
 

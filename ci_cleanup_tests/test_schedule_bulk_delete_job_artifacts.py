@@ -21,7 +21,7 @@ from dagster import DagsterInstance
 from sqlalchemy import TIMESTAMP, cast, create_engine, delete, insert, literal, select, text
 
 from ci_cleanup.definitions import defs
-from ci_cleanup.gitlab import artifact_buckets
+from ci_cleanup.gitlab import artifact_buckets, feature_flags
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_WITH_ERRORS
@@ -846,6 +846,155 @@ def test_dry_run_reports_what_would_happen_and_writes_nothing(stack, engine, red
             report["missing_count"]) == (5, 2, 0, 1, 3)
     assert worker_metadata(result) == []
     assert result.dagster_run.tags.get(DRY_RUN_TAG) == "true"
+
+
+FIND = "schedule_buckets"
+
+
+def gitlab_rails(tmp_path, text: str, name: str = service.FEATURE_FLAG):
+    """A GitLab Rails folder holding the flag's definition file (``config/feature_flags/<type>/<name>.yml``)."""
+    path = tmp_path / "gitlab-rails" / "config" / "feature_flags" / "gitlab_com_derisk" / f"{name}.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def definition(default: bool) -> str:
+    """A definition as GitLab ships it (gitlabhq config/feature_flags/gitlab_com_derisk/<name>.yml at 8b516878)."""
+    return (f"---\nname: {service.FEATURE_FLAG}\nmilestone: '18.8'\ngroup: group::pipeline execution\n"
+            f"type: gitlab_com_derisk\ndefault_enabled: {str(default).lower()}\n")
+
+
+@pytest.fixture
+def no_rails(monkeypatch, tmp_path):
+    """No GitLab Rails folder to read: neither the setting nor Omnibus' folder."""
+    monkeypatch.delenv(feature_flags.RAILS_DIR_ENV, raising=False)
+    monkeypatch.delenv(feature_flags.FLAGS_ON_ENV, raising=False)
+    monkeypatch.setattr(feature_flags, "OMNIBUS_RAILS_DIR", tmp_path / "no-omnibus")
+
+
+def flag_decision(result) -> tuple:
+    found = op_metadata(result, FIND)
+    return found["flag_enabled"], found["flag_decided_by"], found["flag_default_enabled"], found["flag_default_from"]
+
+
+def test_a_flag_without_a_gate_is_its_definitions_default_enabled_until_gitlab_stores_it(
+        stack, engine, redis_client, monkeypatch, tmp_path, no_rails):
+    path = gitlab_rails(tmp_path, definition(True))
+    monkeypatch.setenv(feature_flags.RAILS_DIR_ENV, str(path.parents[3]))
+    gone = artifact(engine)
+
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+
+    assert ids(engine, "ci_job_artifacts") == [] and [o.project_id for o in deleted_objects(engine)] == [10]
+    assert flag_decision(result) == (True, "definition", True, "definition")
+    assert op_metadata(result, FIND)["flag_definition"] == str(path) and gone
+    # Feature.disable(:bulk_delete_job_artifacts): the flag is stored, with no gate: off, by its gates.
+    create(engine, "features", key=service.FEATURE_FLAG)
+    kept = artifact(engine)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    assert ids(engine, "ci_job_artifacts") == [kept]
+    assert flag_decision(result) == (False, "gate", True, "definition")
+    assert op_metadata(result, REPORT)["status"] == "skipped: bulk_delete_job_artifacts disabled"
+
+
+def test_a_definition_false_or_missing_leaves_the_flag_to_its_gates(
+        stack, engine, redis_client, monkeypatch, tmp_path, no_rails):
+    path = gitlab_rails(tmp_path, definition(False))
+    monkeypatch.setenv(feature_flags.RAILS_DIR_ENV, str(path.parents[3]))
+    kept = artifact(engine)
+    assert flag_decision(run_job(schedule_bulk_delete_job_artifacts, stack)) == (False, "definition", False,
+                                                                                 "definition")
+    assert ids(engine, "ci_job_artifacts") == [kept]
+    path.unlink()  # a GitLab before 18.8: no such flag, off (Feature::Definition's default in production)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    assert flag_decision(result) == (False, "definition", False, "definition")
+    assert "flag_definition" not in op_metadata(result, FIND)
+    enable(engine, service.FEATURE_FLAG)
+    assert flag_decision(run_job(schedule_bulk_delete_job_artifacts, stack)) == (True, "gate", False, "definition")
+    assert ids(engine, "ci_job_artifacts") == []
+
+
+def test_without_gitlabs_rails_folder_the_releases_known_default_decides(stack, engine, redis_client, no_rails):
+    kept = artifact(engine)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    # bulk_delete_job_artifacts is default_enabled: false at every vendored release (RELEASE_DEFAULTS).
+    assert flag_decision(result) == (False, "release_default", False, "release_default")
+    assert ids(engine, "ci_job_artifacts") == [kept] and redis_client.keys("*") == []
+
+
+def test_the_instance_as_an_actor_turns_the_flag_on_and_its_opt_out_off(stack, engine, redis_client, no_rails):
+    """Feature.enabled?(:bulk_delete_job_artifacts, :instance): Feature.enable(name, :instance) writes the actor
+    FlipperGitlabInstance:<host>; Feature.opt_out(name, :instance) its <actor>:opt_out, which wins."""
+    gates = on(engine, "feature_gates")
+
+    def flags() -> service.Flags:
+        with gates.connect() as conn:
+            return service.read_flags(conn, S)
+
+    actor = "FlipperGitlabInstance:gitlab.example.com"
+    create(engine, "feature_gates", feature_key=service.FEATURE_FLAG, key="actors", value=actor)
+    create(engine, "feature_gates", feature_key=service.HIGH_CONCURRENCY_FLAG, key="actors", value=actor)
+    assert (flags().enabled, flags().max_buckets, flags().gated) == (True, 10, True)
+    create(engine, "feature_gates", feature_key=service.FEATURE_FLAG, key="actors", value=actor + ":opt_out")
+    create(engine, "feature_gates", feature_key=service.FEATURE_FLAG, key="actors", value="User:7")
+    assert (flags().enabled, flags().max_buckets) == (False, 10)
+
+
+def test_an_operator_turns_the_flag_on_for_ci_cleanup_alone(stack, engine, redis_client, monkeypatch, no_rails):
+    monkeypatch.setenv(feature_flags.FLAGS_ON_ENV, f"other_flag, {service.FEATURE_FLAG}")
+    artifact(engine)
+    result = run_job(schedule_bulk_delete_job_artifacts, stack)
+    assert ids(engine, "ci_job_artifacts") == []
+    assert flag_decision(result) == (True, "ci_cleanup", False, "release_default")
+    # GitLab's own worker reads the flag off still: no gate, default false.
+    with on(engine, "feature_gates").connect() as conn:
+        assert service.read_flags(conn, S).enabled is False
+    # The op config overrides the environment either way.
+    kept = artifact(engine)
+    as_gitlab = {"ops": {FIND: {"config": {"feature_flag": "as_gitlab"}}}}
+    assert flag_decision(run_job(schedule_bulk_delete_job_artifacts, stack, run_config=as_gitlab))[:2] == (
+        False, "release_default")
+    assert ids(engine, "ci_job_artifacts") == [kept]
+    monkeypatch.delenv(feature_flags.FLAGS_ON_ENV)
+    on_alone = {"ops": {FIND: {"config": {"feature_flag": "on"}}}}
+    assert flag_decision(run_job(schedule_bulk_delete_job_artifacts, stack, run_config=on_alone))[:2] == (
+        True, "ci_cleanup")
+    assert ids(engine, "ci_job_artifacts") == []
+
+
+@pytest.mark.parametrize("text, line", [
+    pytest.param("---\nname: bulk_delete_job_artifacts\ndefault_enabled: [true\n", "does not parse as YAML (line 4)",
+                 id="not YAML"),
+    pytest.param("---\nname: bulk_delete_job_artifacts\ndefault_enabled: 'yes'\n",
+                 "default_enabled is not true or false", id="not a boolean"),
+])
+def test_a_definition_that_cannot_be_used_fails_the_run_in_one_line_naming_it_and_nothing_changes(
+        stack, engine, redis_client, monkeypatch, tmp_path, no_rails, text, line):
+    path = gitlab_rails(tmp_path, text)
+    monkeypatch.setenv(feature_flags.RAILS_DIR_ENV, str(path.parents[3]))
+    enable(engine, service.FEATURE_FLAG)  # on by its gate: the file is still read, as GitLab reads it at boot
+    kept = artifact(engine)
+    message = step_failure_message(run_job(schedule_bulk_delete_job_artifacts, stack, raise_on_error=False))
+    assert message == f"ci_cleanup.gitlab.feature_flags.FlagDefinitionError: {path}: {line}\n"
+    assert ids(engine, "ci_job_artifacts") == [kept] and deleted_objects(engine) == []
+    assert redis_client.keys("*") == []
+
+
+def test_a_rails_folder_setting_that_is_no_folder_is_named(stack, engine, redis_client, monkeypatch, tmp_path):
+    monkeypatch.setenv(feature_flags.RAILS_DIR_ENV, str(tmp_path / "missing"))
+    kept = artifact(engine)
+    message = step_failure_message(run_job(schedule_bulk_delete_job_artifacts, stack, raise_on_error=False))
+    assert message == ("ci_cleanup.gitlab.feature_flags.FlagDefinitionError: "
+                       f"CI_CLEANUP_GITLAB_RAILS_DIR={tmp_path / 'missing'} is not a folder that can be read\n")
+    assert ids(engine, "ci_job_artifacts") == [kept] and redis_client.keys("*") == []
+
+
+def test_a_batch_reads_the_flags_with_read_flags_text():
+    """Each mechanism once: the one-database batch's flags are read_flags.sql's statement, line for line."""
+    read = service.READ_FLAGS.source
+    shared = read[read.index("WITH gates AS"):read.index("SELECT enabled, max_buckets, persisted, gated FROM flags")]
+    assert shared.rstrip("\n") + ",\n" in service.BATCH.source
 
 
 def test_dry_run_with_the_flag_off_is_skipped(stack, engine, redis_client):

@@ -1,6 +1,7 @@
 -- Ci::StuckBuilds::DropHelpers#drop_build for builds read earlier (the per-build path after a failed batch): each
--- dropped if it is still canceling and outdated, with the failure reason given (3, stuck_or_timeout_failure; or 12,
--- data_integrity_failure: GitLab's doom! when the drop failed).
+-- dropped if it is still canceling and outdated, with the failure reason given (the run's: 3,
+-- stuck_or_timeout_failure, or 28, no_updates_canceling; 12, data_integrity_failure: GitLab's doom! when the drop
+-- failed).
 WITH dropped AS (
   UPDATE p_ci_builds
   SET status = 'failed', failure_reason = :failure_reason, finished_at = coalesce(finished_at, :now),

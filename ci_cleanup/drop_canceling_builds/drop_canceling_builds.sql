@@ -1,6 +1,7 @@
 -- Ci::StuckBuilds::DropCancelingService, the next batch (seed 000): the builds canceling and untouched for over an
 -- hour (Ci::Build.canceling.created_at_before(1.hour.ago).updated_at_before(1.hour.ago), both strict), 100 at a
--- time in the order GitLab reads them (created_at, project_id), dropped as failed, stuck_or_timeout_failure (3).
+-- time in the order GitLab reads them (created_at, project_id), dropped as failed with the failure reason given
+-- (the seed's stuck_or_timeout_failure, 3; GitLab 19.1+ writes no_updates_canceling, 28).
 -- One statement, so one transaction: a batch is dropped whole or not at all.
 WITH picked AS (
   SELECT id, created_at, project_id
@@ -13,7 +14,7 @@ WITH picked AS (
 ),
 dropped AS (
   UPDATE p_ci_builds
-  SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, :now), updated_at = :now,
+  SET status = 'failed', failure_reason = :failure_reason, finished_at = coalesce(finished_at, :now), updated_at = :now,
       lock_version = coalesce(lock_version, 0) + 1
   -- The candidate condition again: a build changed by someone else after this statement's snapshot is re-checked
   -- by PostgreSQL when its row is locked (EvalPlanQual). One no longer a candidate is never overwritten; one still

@@ -5,6 +5,7 @@ find (schema check, lease, count) -> drop in batches -> report (the run's totals
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dagster import OpExecutionContext, op
 from pydantic import Field
@@ -30,6 +31,10 @@ class DropCancelingBuildsConfig(BoundedConfig):
         description="A build canceling and untouched this long is dropped (GitLab's TIMEOUT, 1 hour)",
     )
     batch_size: int = Field(default=service.BATCH_SIZE, ge=1, le=1000, description="Builds per batch (GitLab's 100)")
+    failure_reason: Literal["stuck_or_timeout_failure", "no_updates_canceling"] = Field(
+        default="stuck_or_timeout_failure",
+        description="The failure reason a dropped build gets: the seed's, or GitLab 19.1+'s no_updates_canceling",
+    )
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class DropPlan:
     start: Start
     limits: service.Limits
     candidates: int
+    failure_reason: str = "stuck_or_timeout_failure"  # a key of service.FAILURE_REASONS
     would: dict = field(default_factory=dict)  # dry run: what a run would drop
 
 
@@ -58,9 +64,11 @@ def find_canceling_builds(
                      "would_drop_ids": service.find_batch(conn, schema, cutoff, MAX_IDS_REPORTED)}
     context.log.info("Cleaning canceling, timed-out builds")
     context.add_output_metadata(
-        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), **gitlab_tables, **begun.metadata}
+        {"candidates": candidates, "cutoff": naive_utc(cutoff).isoformat(), "failure_reason": config.failure_reason,
+         **gitlab_tables, **begun.metadata}
     )
-    return DropPlan(begun, service.Limits(cutoff, config.batch_size), candidates, would)
+    limits = service.Limits(cutoff, config.batch_size, service.FAILURE_REASONS[config.failure_reason])
+    return DropPlan(begun, limits, candidates, config.failure_reason, would)
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ def drop_canceling_builds_in_batches(
             {"dropped": len(batch.dropped), "doomed": len(batch.doomed),
              "changed_concurrently": len(batch.changed_concurrently)},
             ({"build_id": row.id, "runner_id": row.runner_id, "status": row.status,
-              "failure_reason": "stuck_or_timeout_failure"} for row in batch.dropped),
+              "failure_reason": plan.failure_reason} for row in batch.dropped),
         )
 
     def report_error(build_id: int, error: BaseException) -> None:

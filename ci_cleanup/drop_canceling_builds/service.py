@@ -1,7 +1,8 @@
 """``Ci::StuckBuilds::DropCancelingService``: fail builds stuck in ``canceling`` for over an hour.
 
 The rule is SQL, in this package: ``drop_canceling_builds.sql`` picks the next outdated canceling builds in the
-service's order, 100 at a time, and drops them (``failed``, ``stuck_or_timeout_failure``) with their queue rows.
+service's order, 100 at a time, and drops them (``failed``, the run's failure reason: the seed's
+``stuck_or_timeout_failure`` or GitLab 19.1+'s ``no_updates_canceling``) with their queue rows.
 When a batch fails on a bad row, each of its builds is dropped alone (``drop_builds.sql``), and one that still
 cannot be dropped is doomed (GitLab's ``doom!``, ``data_integrity_failure``) by the same statement.
 """
@@ -17,11 +18,19 @@ from sqlalchemy.exc import DBAPIError
 
 from ..gitlab.batching import autocommit, database_error, row_by_row_on_failure
 from ..gitlab.loop_helpers import NO_HOOKS, Hooks, loop_until
-from ..gitlab.schema import DATA_INTEGRITY_FAILURE, STUCK_OR_TIMEOUT_FAILURE, GitLabSchema, naive_utc
+from ..gitlab.schema import (
+    DATA_INTEGRITY_FAILURE,
+    NO_UPDATES_CANCELING,
+    STUCK_OR_TIMEOUT_FAILURE,
+    GitLabSchema,
+    naive_utc,
+)
 from ..gitlab.sql_files import SqlFile
 
 TIMEOUT = dt.timedelta(hours=1)  # DropCancelingService::TIMEOUT
 BATCH_SIZE = 100  # DropHelpers#fetch: 100 builds at a time
+# The failure reasons a run may write: the seed's, and GitLab 19.1+'s (its DropCancelingService, 30 minutes).
+FAILURE_REASONS = {"stuck_or_timeout_failure": STUCK_OR_TIMEOUT_FAILURE, "no_updates_canceling": NO_UPDATES_CANCELING}
 
 NEXT_BATCH = SqlFile(__package__, "drop_canceling_builds.sql")
 THESE_BUILDS = SqlFile(__package__, "drop_builds.sql")
@@ -86,6 +95,7 @@ class DropResult:
 class Limits:
     cutoff: dt.datetime  # a build canceling and untouched since before it is outdated
     batch_size: int = BATCH_SIZE
+    failure_reason: int = STUCK_OR_TIMEOUT_FAILURE  # a value of FAILURE_REASONS
 
 
 def count_candidates(conn: Connection, schema: GitLabSchema, cutoff: dt.datetime) -> int:
@@ -117,7 +127,7 @@ def drop_next_batch(
 ) -> BatchOutcome:
     """The next batch picked and dropped, in one statement (its own transaction on an autocommit connection)."""
     params = {"cutoff": naive_utc(limits.cutoff), "now": naive_utc(now), "batch_size": limits.batch_size,
-              "passed_over": list(passed_over)}
+              "passed_over": list(passed_over), "failure_reason": limits.failure_reason}
     return _outcome(conn.execute(NEXT_BATCH.on(schema, conn.dialect), params))
 
 
@@ -158,7 +168,7 @@ def drop_batch(
     parts = row_by_row_on_failure(
         lambda: drop_next_batch(conn, schema, limits, now, passed_over),
         lambda: find_batch(conn, schema, limits.cutoff, limits.batch_size, passed_over),
-        lambda build_id: drop_builds(conn, schema, [build_id], limits.cutoff, now),
+        lambda build_id: drop_builds(conn, schema, [build_id], limits.cutoff, now, limits.failure_reason),
         lambda build_id, error: rescued.append(
             doom(conn, schema, build_id, limits.cutoff, now, error, hooks.report_error)),
     )

@@ -17,7 +17,7 @@ from ..resources import GitLabDatabase, GitLabRedis, RunOptions
 from ..runs import MAX_IDS_REPORTED, ROWS_CHANGED, ROWS_WITH_ERRORS, BatchObserver, track_exception
 from ..settings import BoundedConfig
 from . import service
-from .uses import USES
+from .uses import BUILD_TAGS, TAGGINGS, USES
 
 LEASE_KEY = "environments:auto_stop:lock"  # AutoStopService::EXCLUSIVE_LOCK_KEY
 LEASE_TTL_SECONDS = 50 * 60  # AutoStopService::LOCK_TIMEOUT
@@ -59,7 +59,8 @@ def find_auto_stoppable_environments(
     (rather than every batch failing and every environment reported as an error).
     """
     schema = gitlab_db.schema
-    gitlab_tables = gitlab_db.require(USES)
+    tags = BUILD_TAGS if gitlab_db.release.features["build_tags"] else TAGGINGS  # the release's
+    gitlab_tables = gitlab_db.require({**USES, **tags})
     with gitlab_db.engine_for(schema.ci_pending_builds).connect() as conn:
         missing_index = missing_unique_index(conn, schema.ci_pending_builds, "build_id", service.PENDING_BUILDS_INDEX)
     with gitlab_db.engine_for(schema.environments).connect() as conn:

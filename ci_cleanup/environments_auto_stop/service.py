@@ -105,6 +105,7 @@ class BatchOutcome:
         self.played(part.stop_actions_started)
         for name, ids in part.ids.items():
             self.ids[name] += ids
+        self.errors += part.errors
 
 
 @dataclass
@@ -197,15 +198,27 @@ def in_transaction(conn: Connection) -> Iterator[None]:
         conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
+def unqueued(env_id: int, project_id: int) -> str:
+    """Why an environment's stop actions were not played: what ``upsert_from_build!`` would fail on."""
+    return (f"project {project_id} has no row in projects (or its namespace none in namespaces): its stop actions "
+            f"cannot be queued for a runner, so none was played and environment {env_id} was left available")
+
+
 def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[int]]:
     """Each picked environment's stop actions, by environment id: those played (a dry run's: those it would
-    play); an environment without any is not in it."""
+    play); an environment without any is not in it. Each is queued with its project's part of the queue row,
+    read with the pick (main's)."""
     deployed = [env for env in picked if env.deployable_id is not None and env.on_stop is not None]
     if not deployed:
         return {}
     params = {
         **params, "environment_ids": [env.id for env in deployed],
         "deployable_ids": [env.deployable_id for env in deployed], "on_stops": [env.on_stop for env in deployed],
+        "namespace_ids": [env.namespace_id for env in deployed],
+        "instance_runners_enabled": [env.instance_runners_enabled for env in deployed],
+        "namespace_traversal_ids": [None if env.namespace_traversal_ids is None
+                                    else "{" + ",".join(map(str, env.namespace_traversal_ids)) + "}"
+                                    for env in deployed],
     }
     sql = PLAY_STOP_ACTIONS if run.flags.plays else FIND_STOP_ACTIONS
     return {row.environment_id: row.played or [] for row in run.execute(run.ci, sql, params)}
@@ -213,7 +226,8 @@ def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[in
 
 def write_states(run: Run, params: dict, picked: list[Row], actions: dict[int, list[int]]) -> dict[int, str]:
     """``write_states.sql`` for the picked environments: the state written, by id."""
-    stopping = [env.id for env in picked if env.id in actions and run.flags.play_stop_actions]
+    stopping = [env.id for env in picked
+                if env.id in actions and run.flags.play_stop_actions and env.namespace_id is not None]
     stopped = [env.id for env in picked if env.id not in actions and env.auto_stop_setting == AUTO_STOP_ALWAYS]
     if not stopping and not stopped:
         return {}
@@ -228,15 +242,26 @@ def stop_picked(run: Run, params: dict, picked: list[Row], batch: BatchOutcome) 
         batch.played(i for played in actions.values() for i in played)
     written = {} if run.flags.dry_run else write_states(run, params, picked, actions)
     for env in picked:
-        batch.ids[outcome(written.get(env.id), env.id in actions, env.auto_stop_setting, run.flags)].append(env.id)
+        if env.id in actions and env.namespace_id is None and run.flags.play_stop_actions:
+            failed(batch, env.id, unqueued(env.id, env.project_id))
+        else:
+            batch.ids[outcome(written.get(env.id), env.id in actions, env.auto_stop_setting, run.flags)].append(env.id)
+
+
+def failed(batch: BatchOutcome, env_id: int, error: str) -> None:
+    batch.ids[FAILED].append(env_id)
+    batch.errors.append((env_id, error))
 
 
 def stop_batch(run: Run, params: dict, batch: BatchOutcome) -> None:
     """The batch as one statement on one database, else in steps in one main transaction."""
     if run.one_database and run.flags.plays:
         rows = run.execute(run.main, STOP_BATCH, params)
-        for env_id, auto_stop_setting, _, has_stop_actions, _, written in rows:
-            batch.ids[outcome(written, has_stop_actions, auto_stop_setting, run.flags)].append(env_id)
+        for env in rows:
+            if env.has_stop_actions and env.namespace_id is None:
+                failed(batch, env.id, unqueued(env.id, env.project_id))
+            else:
+                batch.ids[outcome(env.written, env.has_stop_actions, env.auto_stop_setting, run.flags)].append(env.id)
         batch.played(i for env in rows for i in env.played)
     elif run.flags.dry_run:
         rows = run.execute(run.main, FIND_BATCH, params)
@@ -269,15 +294,14 @@ def stop_next_batch(run: Run, now: dt.datetime, after: tuple[str, int], limit: i
     params = {"now": now, "naive_now": naive_utc(now), "after_at": after[0], "after_id": after[1], "limit": limit}
     batch = BatchOutcome()
 
-    def failed(env: Row, error: DBAPIError) -> None:
+    def refused(env: Row, error: DBAPIError) -> None:
         run.hooks.report_error(env.id, error)
-        batch.ids[FAILED].append(env.id)
-        batch.errors.append((env.id, database_error(error)))
+        failed(batch, env.id, database_error(error))
 
     with ExitStack() as fallback:
         row_by_row_on_failure(
             lambda: stop_batch(run, params, batch), lambda: picked_again(run, params, batch, fallback),
-            lambda env: stop_one(run, params, env, batch), failed,
+            lambda env: stop_one(run, params, env, batch), refused,
         )
     return batch
 

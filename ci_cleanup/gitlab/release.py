@@ -35,6 +35,8 @@ COLUMN_FEATURES = {
     "deleted_objects_created_at": ("ci_deleted_objects", "created_at"),
     "export_jobs_user_id": ("project_export_jobs", "user_id"),
     "relation_exports_project_id": ("project_relation_exports", "project_id"),
+    # A build's tags in p_ci_build_tags (GitLab 17.3+), else in taggings.
+    "build_tags": ("p_ci_build_tags", "tag_id"),
 }
 # The other tables read for their kind (partitioned or not) and their partitions' schemas.
 KIND_TABLES = ("ci_builds", "ci_job_artifacts", "ci_runner_machines")
@@ -142,10 +144,12 @@ def _known(layout: str, machines_partitioned: bool, lacks: Iterable[str] = ()) -
 KNOWN = {
     "16.0": _known(FLAT, False, ("runner_machines_runner_type", "runner_machines_sharding_key_id",
                                  "environments_auto_stop_setting", "deleted_objects_project_id",
-                                 "deleted_objects_created_at", "export_jobs_user_id", "relation_exports_project_id")),
+                                 "deleted_objects_created_at", "export_jobs_user_id", "relation_exports_project_id",
+                                 "build_tags")),
     "17.x": _known(PARTITIONED, True),
     "18.x": _known(PARTITIONED, True),
     "18.y": _known(PARTITIONED_DYNAMIC, True, ("runner_machines_sharding_key_id",)),
+    "19.x": _known(PARTITIONED_DYNAMIC, True, ("runner_machines_sharding_key_id",)),
 }
 
 

@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 
 from sqlalchemy import (
+    ARRAY,
     Boolean,
     DateTime,
     Integer,
@@ -55,6 +56,7 @@ from .tables import (  # noqa: F401
     FILE_STORE_REMOTE,
     GITLAB_CI,
     GITLAB_MAIN,
+    NO_UPDATES_CANCELING,
     STUCK_OR_TIMEOUT_FAILURE,
     TIMESTAMP,
     TIMESTAMPTZ,
@@ -69,8 +71,14 @@ from .tables import (  # noqa: F401
     feature_gates,
     features,
     metadata,
+    namespaces,
+    p_ci_build_tags,
+    project_ci_cd_settings,
     project_export_jobs,
+    project_features,
     project_relation_exports,
+    projects,
+    taggings,
 )
 
 # A dialect that writes names as they are: one with psycopg2's paramstyle (pyformat) doubles each % in a name, which
@@ -117,6 +125,12 @@ class GitLabSchema:
     ci_deleted_objects: Table
     features: Table
     feature_gates: Table
+    projects: Table
+    namespaces: Table
+    project_features: Table
+    project_ci_cd_settings: Table
+    p_ci_build_tags: Table
+    taggings: Table
     # ``table.column`` (as the .sql files name them) of the columns only some releases have that this one lacks
     absent: frozenset[str] = frozenset()
 
@@ -155,6 +169,8 @@ def declared_tables(schema: GitLabSchema) -> dict[str, Table]:
 
 # Builds and artifacts partitioned (GitLab >= 16) or flat (before): :mod:`~ci_cleanup.gitlab.release` names them.
 PARTITIONED, FLAT = "partitioned", "flat"
+# A build's tags: one of these per release (p_ci_build_tags from GitLab 17.3, taggings before).
+BUILD_TAG_TABLES = ("p_ci_build_tags", "taggings")
 
 
 def write_locked(conn: Connection, tables: list[Table]) -> list[str]:
@@ -205,14 +221,18 @@ _COLUMNS = text(
 
 
 def _family(column_type) -> tuple:
+    if isinstance(column_type, ARRAY):  # an array of the item's family (traversal_ids: integer[] then bigint[])
+        return (ARRAY, *_family(column_type.item_type))
     family = next((f for f in _TYPE_FAMILIES if isinstance(column_type, f)), type(column_type))
     return (family, bool(getattr(column_type, "timezone", False))) if family is DateTime else (family,)
 
 
 def _found_family(pg_type: str) -> tuple:
-    """:func:`_family` of a type as ``format_type`` spells it (``character varying(100)``, ``bigint[]``): an array,
-    a domain or an enum is a family of its own, equal to none of the declared ones."""
+    """:func:`_family` of a type as ``format_type`` spells it (``character varying(100)``, ``bigint[]``): an array
+    is its items' family as an array, a domain or an enum a family of its own, equal to none of the declared ones."""
     base = re.sub(r"\(.*?\)", "", pg_type)
+    if base.endswith("[]"):
+        return (ARRAY, *_found_family(base[:-2]))
     found = ischema_names.get(base, NullType)
     family = next((f for f in _TYPE_FAMILIES if issubclass(found, f)), found)
     return (family, "with time zone" in base) if family is DateTime else (family,)

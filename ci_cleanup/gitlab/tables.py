@@ -7,6 +7,7 @@ Names, types and nullability follow GitLab's ``db/structure.sql`` (vendored for 
 from __future__ import annotations
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Boolean,
     Column,
@@ -27,6 +28,8 @@ TIMESTAMPTZ = DateTime(timezone=True)
 
 # ci_builds.failure_reason (GitLab's Enums::Ci::CommitStatus.failure_reasons)
 STUCK_OR_TIMEOUT_FAILURE = 3
+# GitLab 19.1+'s DropCancelingService reason (Ci::HasStatus failure_reasons: no_updates_canceling: 28).
+NO_UPDATES_CANCELING = 28
 DATA_INTEGRITY_FAILURE = 12
 
 # project_export_jobs.status
@@ -77,8 +80,10 @@ ci_builds = Table(
     Column("when", String),
     Column("ref", String),
     Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
+    Column("protected", Boolean),  # the ref is protected (Ci::Build#protected?)
     info={"gitlab_schema": GITLAB_CI},
 )
+# The runners' queue: a row per pending build, with what runners choose by (Ci::Queue::PendingBuildsStrategy).
 ci_pending_builds = Table(
     "ci_pending_builds",
     metadata,
@@ -86,6 +91,11 @@ ci_pending_builds = Table(
     Column("build_id", BigInteger, nullable=False),  # unique
     Column("project_id", BigInteger, nullable=False),
     Column("created_at", TIMESTAMPTZ, nullable=False, server_default=func.now()),
+    Column("protected", Boolean, nullable=False, server_default=text("false")),
+    Column("instance_runners_enabled", Boolean, nullable=False, server_default=text("false")),
+    Column("namespace_id", BigInteger),
+    Column("tag_ids", ARRAY(BigInteger), server_default=text("'{}'")),  # integer[] before 17.x
+    Column("namespace_traversal_ids", ARRAY(BigInteger), server_default=text("'{}'")),
     Column("partition_id", BigInteger, nullable=False),  # the build's; no default
     info={"gitlab_schema": GITLAB_CI},
 )
@@ -226,4 +236,72 @@ feature_gates = Table(
     Column("created_at", TIMESTAMP, nullable=False),
     Column("updated_at", TIMESTAMP, nullable=False),
     info={"gitlab_schema": GITLAB_MAIN},
+)
+# What Ci::PendingBuild.args_from_build reads of a build's project (ci_cleanup_dev/ddl/queue_sources.sql): main's.
+projects = Table(
+    "projects",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("name", String),
+    Column("path", String),
+    Column("namespace_id", BigInteger, nullable=False),
+    Column("shared_runners_enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("pending_delete", Boolean, server_default=text("false")),
+    Column("created_at", TIMESTAMP),
+    Column("updated_at", TIMESTAMP),
+    info={"gitlab_schema": GITLAB_MAIN},
+)
+namespaces = Table(
+    "namespaces",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("name", String, nullable=False),
+    Column("path", String, nullable=False),
+    Column("type", String, nullable=False, server_default=text("'User'")),
+    Column("parent_id", BigInteger),
+    Column("traversal_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
+    Column("created_at", TIMESTAMP),
+    Column("updated_at", TIMESTAMP),
+    info={"gitlab_schema": GITLAB_MAIN},
+)
+project_features = Table(
+    "project_features",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger, nullable=False),  # unique
+    Column("builds_access_level", Integer),  # 0: disabled (ProjectFeature::DISABLED)
+    Column("pages_access_level", Integer, nullable=False),  # these three: NOT NULL without a default
+    Column("model_experiments_access_level", Integer, nullable=False),
+    Column("model_registry_access_level", Integer, nullable=False),
+    info={"gitlab_schema": GITLAB_MAIN},
+)
+project_ci_cd_settings = Table(
+    "project_ci_cd_settings",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("project_id", BigInteger, nullable=False),  # unique
+    Column("group_runners_enabled", Boolean, nullable=False, server_default=text("true")),
+    info={"gitlab_schema": GITLAB_MAIN},
+)
+# A build's tags: p_ci_build_tags from GitLab 17.3 (Ci::BuildTag), taggings before (acts-as-taggable-on); each
+# release has one of them here (ci_cleanup_dev/ddl/build_tags.sql, taggings.sql).
+p_ci_build_tags = Table(
+    "p_ci_build_tags",
+    metadata,
+    Column("id", BigInteger, FetchedValue(), primary_key=True),
+    Column("partition_id", BigInteger, primary_key=True),
+    Column("tag_id", BigInteger, nullable=False),
+    Column("build_id", BigInteger, nullable=False),
+    Column("project_id", BigInteger, nullable=False),
+    info={"gitlab_schema": GITLAB_CI},
+)
+taggings = Table(
+    "taggings",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("tag_id", BigInteger),
+    Column("taggable_id", BigInteger),
+    Column("taggable_type", String),
+    Column("context", String),
+    info={"gitlab_schema": GITLAB_CI},
 )

@@ -2,14 +2,34 @@
 -- transaction, so the artifacts are deleted and their files recorded both or neither.
 --
 -- flags: GitLab's worker reads them before each batch (Feature.enabled? and max_running_jobs_limit: 10 buckets
--- with the high-concurrency flag, else 5), as read_flags.sql does; read here, the batch deletes nothing once the
--- feature is off or the bucket is no longer below max_buckets (a scale-down).
-WITH flags AS (
-  SELECT coalesce(bool_or(feature_key = 'bulk_delete_job_artifacts'), false) AS enabled,
-         CASE WHEN bool_or(feature_key = 'bulk_delete_job_artifacts_high_concurrency') THEN 10 ELSE 5 END AS max_buckets
+-- with the high-concurrency flag, else 5), with read_flags.sql's text (its defaults bound); read here, the batch
+-- deletes nothing once the feature is off or the bucket is no longer below max_buckets (a scale-down).
+WITH gates AS (
+  SELECT feature_key,
+         bool_or((key = 'boolean' AND value = 'true')
+                 OR (key = 'actors' AND value LIKE 'FlipperGitlabInstance:%' AND value NOT LIKE '%opt\_out'))
+           -- the instance's opt-out, <instance>:opt_out (a host name has no _)
+           AND NOT bool_or(key = 'actors' AND value LIKE 'FlipperGitlabInstance:%opt\_out') AS on_by_gates
   FROM feature_gates
   WHERE feature_key IN ('bulk_delete_job_artifacts', 'bulk_delete_job_artifacts_high_concurrency')
-    AND key = 'boolean' AND value = 'true'
+  GROUP BY feature_key
+),
+stored AS (
+  SELECT name, EXISTS (SELECT FROM features WHERE features.key = name) AS persisted,
+         EXISTS (SELECT FROM gates WHERE gates.feature_key = name) AS gated,
+         coalesce((SELECT on_by_gates FROM gates WHERE gates.feature_key = name), false) AS on_by_gates
+  FROM (VALUES ('bulk_delete_job_artifacts'), ('bulk_delete_job_artifacts_high_concurrency')) AS flag (name)
+),
+flags AS (
+  SELECT bool_or(name = 'bulk_delete_job_artifacts'
+                 AND (CAST(:on_for_ci_cleanup AS boolean) OR on_by_gates
+                      OR (CAST(:enabled_by_default AS boolean) AND NOT persisted))) AS enabled,
+         CASE WHEN bool_or(name = 'bulk_delete_job_artifacts_high_concurrency'
+                           AND (on_by_gates OR (CAST(:high_concurrency_by_default AS boolean) AND NOT persisted)))
+              THEN 10 ELSE 5 END AS max_buckets,
+         bool_or(name = 'bulk_delete_job_artifacts' AND persisted) AS persisted,
+         bool_or(name = 'bulk_delete_job_artifacts' AND gated) AS gated
+  FROM stored
 ),
 -- The bucket's next 100: expire_at < now AND file_type <> 3 (not a trace) AND locked = 0 (unlocked)
 -- AND MOD(project_id + job_id, max_buckets) = bucket, oldest first from the worker's cursor (the last expire_at

@@ -17,12 +17,13 @@ The stored files of the artifacts it deletes are removed by ``delete_expired_art
 import datetime as dt
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dagster import OpExecutionContext, op
 from pydantic import Field
 
 from ..batch import RunMode, Start, batch_job, find_process_report, finish, skipped, start
-from ..gitlab import artifact_buckets, limited_capacity
+from ..gitlab import artifact_buckets, feature_flags, limited_capacity
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
@@ -49,6 +50,32 @@ class BulkDeleteJobArtifactsConfig(BoundedConfig):
         default=int(service.MAX_RUNTIME.total_seconds()), ge=1, le=3600,
         description="A bucket worker stops starting batches after this long (GitLab's 5 minutes)",
     )
+    feature_flag: Literal["env", "as_gitlab", "on"] = Field(
+        default="env",
+        description=f"as_gitlab: {service.FEATURE_FLAG} as GitLab decides it; on: on for ci_cleanup alone; "
+        f"env: on if env {feature_flags.FLAGS_ON_ENV} lists it, else as_gitlab",
+    )
+
+
+def flag_rule(config: BulkDeleteJobArtifactsConfig, release_like: list[str]) -> tuple[service.FlagRule, dict]:
+    """The flags' defaults and the operator's override, and what the run's metadata says of them. A definition file
+    that cannot be used fails the run here, naming it, before anything is changed."""
+    rails = feature_flags.rails_dir()
+    default = feature_flags.default_enabled(service.FEATURE_FLAG, release_like, rails)
+    concurrency = feature_flags.default_enabled(service.HIGH_CONCURRENCY_FLAG, release_like, rails)
+    forced = config.feature_flag == "on" or (
+        config.feature_flag == "env" and feature_flags.on_for_ci_cleanup(service.FEATURE_FLAG))
+    return service.FlagRule(forced, default.enabled, concurrency.enabled), {
+        "flag_default_enabled": default.enabled, "flag_default_from": default.source,
+        **({"flag_definition": default.definition} if default.definition else {}), "flag_on_for_ci_cleanup": forced}
+
+
+def _flag_metadata(rule: dict, flags: service.Flags) -> dict:
+    """Which decided bulk_delete_job_artifacts, as Feature.enabled? reads it (gate / definition / release_default /
+    ci_cleanup), and the flags found."""
+    default = feature_flags.FlagDefault(rule["flag_default_enabled"], rule["flag_default_from"])
+    decided = feature_flags.decided_by(rule["flag_on_for_ci_cleanup"], default, flags.persisted, flags.gated)
+    return {"flag_enabled": flags.enabled, "flag_decided_by": decided, **rule}
 
 
 @dataclass(frozen=True)
@@ -84,13 +111,16 @@ def schedule_buckets(
     now = utc_now()
     begun = start(context, run_options)
     gitlab_tables = gitlab_db.require(USES)
+    rule, rule_metadata = flag_rule(config, gitlab_tables["gitlab_release_like"])
     with gitlab_db.engine_for(schema.feature_gates).connect() as conn:
-        flags = service.read_flags(conn, schema)
+        flags = service.read_flags(conn, schema, rule)
+    gitlab_tables = {**gitlab_tables, **_flag_metadata(rule_metadata, flags)}
     if begun.mode is RunMode.DRY_RUN and flags.enabled:
         with gitlab_db.engine_for(schema.ci_job_artifacts).connect() as conn:
             per_bucket_ids = max(1, MAX_IDS_REPORTED // flags.max_buckets)
             would_delete = service.count_expired_by_bucket(conn, schema, now, flags.max_buckets, per_bucket_ids)
-    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds))
+    limits = service.Limits(config.batch_size, config.max_batches, dt.timedelta(seconds=config.max_runtime_seconds),
+                            rule)
     if not flags.enabled:
         # GitLab's cron worker: flag off -> return at once; not even the buckets are touched.
         context.log.info(f"Feature flag {service.FEATURE_FLAG} is disabled; nothing to do")

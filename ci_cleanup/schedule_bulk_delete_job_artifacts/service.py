@@ -47,12 +47,27 @@ BATCH_FLAGS_FROM_MAIN = SqlFile(__package__, "delete_expired_batch_flags_from_ma
 class Flags:
     enabled: bool
     max_buckets: int
+    persisted: bool = False  # bulk_delete_job_artifacts is in features (Feature.persisted_name?)
+    gated: bool = False  # it has a row in feature_gates
 
 
-def read_flags(conn: Connection, schema: GitLabSchema) -> Flags:
+@dataclass(frozen=True)
+class FlagRule:
+    """What decides the flags beside their gates (:mod:`ci_cleanup.gitlab.feature_flags`), bound to the statements."""
+
+    on_for_ci_cleanup: bool = False  # the operator turned bulk_delete_job_artifacts on for ci_cleanup alone
+    enabled_by_default: bool = False  # default_enabled of bulk_delete_job_artifacts
+    high_concurrency_by_default: bool = False  # default_enabled of bulk_delete_job_artifacts_high_concurrency
+
+    def params(self) -> dict[str, bool]:
+        return {"on_for_ci_cleanup": self.on_for_ci_cleanup, "enabled_by_default": self.enabled_by_default,
+                "high_concurrency_by_default": self.high_concurrency_by_default}
+
+
+def read_flags(conn: Connection, schema: GitLabSchema, rule: FlagRule = FlagRule()) -> Flags:
     """The cron worker's gate and ``max_running_jobs_limit``: 10 buckets with the high-concurrency flag, else 5."""
-    enabled, max_buckets = conn.execute(READ_FLAGS.on(schema, conn.dialect)).one()
-    return Flags(enabled=enabled, max_buckets=max_buckets)
+    enabled, max_buckets, persisted, gated = conn.execute(READ_FLAGS.on(schema, conn.dialect), rule.params()).one()
+    return Flags(enabled=enabled, max_buckets=max_buckets, persisted=persisted, gated=gated)
 
 
 def count_expired_by_bucket(
@@ -85,11 +100,11 @@ class DeletedBatch:
 
 def delete_batch(
     conn: Connection, schema: GitLabSchema, bucket: int, now: dt.datetime, batch_size: int, after: str = START,
-    flags: Flags | None = None,
+    flags: Flags | None = None, rule: FlagRule = FlagRule(),
 ) -> DeletedBatch:
     """One statement: while the flags let the worker go on, delete up to ``batch_size`` expired artifacts of the
     bucket after the cursor ``after`` and record their files. ``flags``: as read in main when GitLab is decomposed;
-    None: the statement reads them.
+    None: the statement reads them (by ``rule``).
 
     One statement is atomic, in the caller's transaction or, on an autocommit connection, in its own: a worker that
     dies mid-batch leaves the batch untouched.
@@ -97,6 +112,7 @@ def delete_batch(
     params = {"bucket": bucket, "now": now, "limit": batch_size, "after": after, **pick_up_at_bounds(now)}
     if flags is None:
         statement = BATCH.on(schema, conn.dialect)
+        params.update(rule.params())
     else:
         statement = BATCH_FLAGS_FROM_MAIN.on(schema, conn.dialect)
         params.update(enabled=flags.enabled, max_buckets=flags.max_buckets)
@@ -114,6 +130,7 @@ class Limits:
     batch_size: int = BATCH_SIZE
     max_batches: int = MAX_BATCHES
     max_runtime: dt.timedelta = MAX_RUNTIME
+    flag_rule: FlagRule = FlagRule()  # how each batch's flags are decided beside their gates
 
 
 DEFAULT_LIMITS = Limits()  # GitLab's
@@ -167,7 +184,7 @@ def run_bucket_worker(
         conn = connections.enter_context(autocommit(engine))
         flags_conn = None if flags_engine is None else connections.enter_context(autocommit(flags_engine))
         flags = _delete_batches(conn, flags_conn, schema, result, limits, hooks)
-        flags = flags or read_flags(flags_conn or conn, schema)  # stopped before any batch: read for the release
+        flags = flags or read_flags(flags_conn or conn, schema, limits.flag_rule)  # none read yet: for the release
     result.released = artifact_buckets.release(client, result.mod_bucket, flags.max_buckets)
     return result
 
@@ -185,11 +202,11 @@ def _delete_batches(
         if result.stopped:
             return False
         if flags_conn is not None:
-            flags = read_flags(flags_conn, schema)
+            flags = read_flags(flags_conn, schema, limits.flag_rule)
             if not result.goes_on(flags):
                 return False
         deleted = delete_batch(conn, schema, result.mod_bucket, hooks.now(), limits.batch_size, after,
-                               None if flags_conn is None else flags)
+                               None if flags_conn is None else flags, limits.flag_rule)
         flags = deleted.flags
         if not result.goes_on(flags):  # the batch read them and deleted nothing
             return False

@@ -9,6 +9,8 @@ USES = {
     "ci_job_artifacts": ("id", "project_id", "job_id", "file_type", "locked", "expire_at", "file", "file_store",
                          "file_final_path", "created_at", "size"),
     "ci_deleted_objects": ("id", "file_store", "store_dir", "file", where_present("project_id"), "pick_up_at"),
+    # Feature.enabled?: a flag stored in features is decided by its gates.
+    "features": ("key",),
     "feature_gates": ("feature_key", "key", "value"),
 }
 # delete_expired_artifact_files: the due rows read, removed once their files are gone.

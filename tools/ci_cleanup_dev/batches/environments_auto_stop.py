@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from ci_cleanup.environments_auto_stop import service as auto_stop
 from ci_cleanup.environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
 from ci_cleanup.gitlab.schema import GitLabSchema, naive_utc, utc_now
+from ci_cleanup_dev.project_rows import add_projects
 
 from ..bench.floor import on_a_connection
 from ..bench.jobs import UNLIMITED, S, max_id, per_row
@@ -45,6 +46,7 @@ def seed(
         ))
     returning_ids = insert(schema.environments).returning(schema.environments.c.id, sort_by_parameter_order=True)
     env_ids = conn.execute(returning_ids, rows).scalars().all()
+    add_projects(conn, {env["project_id"] for env in rows}, schema)  # a stop action is queued from its project
     for n, (env_id, kind, env) in enumerate(zip(env_ids, kinds, rows)):
         if kind not in ("stop_action", "with_action"):
             continue
@@ -70,6 +72,13 @@ def seed(
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
+# Environment#stop_actions' deployment: the last finished one (success 2, failed 3, canceled 4) from GitLab 17.0, the
+# last successful one before; told apart as the job tells them apart (17.1's project_relation_exports.project_id).
+STOP_DEPLOYMENT_STATUSES = """ANY(CASE WHEN EXISTS (
+    SELECT FROM pg_attribute WHERE attrelid = to_regclass('project_relation_exports') AND attname = 'project_id'
+      AND NOT attisdropped) THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"""
+
+
 ENVS_MAX_LOOPS = 10_000
 
 DUE = "state = 'available' AND auto_stop_at < :now"
@@ -92,9 +101,10 @@ def envs_raw(engine, client, on_batch):
             ids = list(conn.scalars(page, {"now": now, "after": after}))
             if not ids:
                 return total
-            with_actions = set(conn.scalars(text("""
+            with_actions = set(conn.scalars(text(f"""
                 SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
-                  WHERE d.environment_id = e.id AND d.status = 2 ORDER BY d.id DESC LIMIT 1) last
+                  WHERE d.environment_id = e.id AND d.status = {STOP_DEPLOYMENT_STATUSES}
+                  ORDER BY d.id DESC LIMIT 1) last
                 JOIN p_ci_builds deployable ON deployable.id = last.deployable_id
                 JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop
                                      AND stop.type = 'Ci::Build'
@@ -115,8 +125,8 @@ def envs_per_row(engine, client, on_batch):
         env = conn.execute(read, {"id": env_id, "now": now}).first()
         if env is None:
             return 0
-        last = text("SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id AND status = 2 "
-                    "ORDER BY id DESC LIMIT 1")
+        last = text(f"SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id "
+                    f"AND status = {STOP_DEPLOYMENT_STATUSES} ORDER BY id DESC LIMIT 1")
         conn.execute(last, {"id": env_id}).first()
         stop = text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive "
                     f"WHERE id = :id AND {DUE}")
@@ -131,21 +141,34 @@ def envs_per_row(engine, client, on_batch):
 # otherwise; each UPDATE re-checks auto-stoppable.
 
 ENVS = """WITH batch AS (
-  SELECT id, auto_stop_setting, auto_stop_at FROM environments
+  SELECT id, auto_stop_setting, auto_stop_at, project_id FROM environments
   WHERE state = 'available' AND auto_stop_at < %(now)s
     AND auto_stop_at >= %(after_at)s AND (auto_stop_at > %(after_at)s OR id > %(after_id)s)
   ORDER BY auto_stop_at, id LIMIT %(limit)s FOR UPDATE),
+project AS (
+  SELECT p.id, p.namespace_id,
+         coalesce(f.builds_access_level > 0, false) AND NOT coalesce(p.pending_delete, false) AS builds_on,
+         p.shared_runners_enabled, coalesce(s.group_runners_enabled, false) AS group_runners, n.traversal_ids
+  FROM projects p JOIN namespaces n ON n.id = p.namespace_id
+  LEFT JOIN project_features f ON f.project_id = p.id LEFT JOIN project_ci_cd_settings s ON s.project_id = p.id
+  WHERE p.id IN (SELECT project_id FROM batch)),
 actions AS (
-  SELECT batch.id AS environment_id, stop_action.id
+  SELECT batch.id AS environment_id, stop_action.id, project.namespace_id,
+         project.builds_on AND project.shared_runners_enabled AS instance_runners_enabled,
+         CASE WHEN project.builds_on AND project.group_runners THEN project.traversal_ids
+              ELSE CAST('{}' AS bigint[]) END AS namespace_traversal_ids
   FROM batch
-  JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d WHERE d.environment_id = batch.id AND d.status = 2
+  LEFT JOIN project ON project.id = batch.project_id
+  JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d
+                WHERE d.environment_id = batch.id AND d.status = {statuses}
                 ORDER BY d.id DESC LIMIT 1) last_deployment ON true
   JOIN p_ci_builds deployable ON deployable.id = last_deployment.deployable_id
   JOIN p_ci_builds stop_action ON stop_action.commit_id = deployable.commit_id
    AND stop_action.name = last_deployment.on_stop AND stop_action.type = 'Ci::Build'),
 stopping AS (
   UPDATE environments SET state = 'stopping', updated_at = %(now_naive)s
-  WHERE id = ANY(ARRAY(SELECT environment_id FROM actions)) AND state = 'available' AND auto_stop_at < %(now)s
+  WHERE id = ANY(ARRAY(SELECT environment_id FROM actions WHERE namespace_id IS NOT NULL))
+    AND state = 'available' AND auto_stop_at < %(now)s
   RETURNING id),
 stopped AS (
   UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = %(now_naive)s
@@ -157,22 +180,35 @@ played AS (
   UPDATE p_ci_builds SET status = 'pending', queued_at = %(now_naive)s, updated_at = %(now_naive)s,
          lock_version = coalesce(lock_version, 0) + 1
   WHERE id = ANY(ARRAY(SELECT id FROM actions WHERE environment_id IN (SELECT id FROM stopping))) AND status = 'manual'
-  RETURNING id, project_id, partition_id),
+  RETURNING id, project_id, partition_id, protected),
 queued AS (
-  INSERT INTO ci_pending_builds (build_id, project_id, partition_id)
-  SELECT id, project_id, partition_id FROM played ON CONFLICT (build_id) DO NOTHING)
+  INSERT INTO ci_pending_builds (build_id, project_id, partition_id, protected, namespace_id, tag_ids,
+                                 instance_runners_enabled, namespace_traversal_ids)
+  SELECT DISTINCT ON (played.id) played.id, played.project_id, played.partition_id,
+         coalesce(played.protected, false), actions.namespace_id, {tags}, actions.instance_runners_enabled,
+         actions.namespace_traversal_ids
+  FROM played JOIN actions ON actions.id = played.id ORDER BY played.id, actions.environment_id
+  ON CONFLICT (build_id) DO NOTHING)
 SELECT (SELECT count(*) FROM stopping) + (SELECT count(*) FROM stopped),
        (SELECT auto_stop_at FROM batch ORDER BY auto_stop_at DESC, id DESC LIMIT 1),
        (SELECT id FROM batch ORDER BY auto_stop_at DESC, id DESC LIMIT 1)"""
+# A build's tag ids: p_ci_build_tags from GitLab 17.3, taggings before.
+BUILD_TAGS = ("ARRAY(SELECT tag_id FROM p_ci_build_tags t WHERE t.build_id = played.id "
+              "AND t.partition_id = played.partition_id ORDER BY tag_id)")
+TAGGINGS = ("ARRAY(SELECT tag_id FROM taggings t WHERE t.taggable_id = played.id AND t.taggable_type = 'CommitStatus' "
+            "AND t.context = 'tags' ORDER BY tag_id)")
 
 
 def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
+    cur.execute("SELECT to_regclass('p_ci_build_tags') IS NOT NULL")
+    statement = ENVS.replace("{tags}", BUILD_TAGS if cur.fetchone()[0] else TAGGINGS).replace(
+        "{statuses}", STOP_DEPLOYMENT_STATUSES)
     after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:
         now = utc_now()
-        cur.execute(ENVS, {"now": now, "now_naive": naive_utc(now), "after_at": after[0], "after_id": after[1],
+        cur.execute(statement, {"now": now, "now_naive": naive_utc(now), "after_at": after[0], "after_id": after[1],
                            "limit": ENVS_BATCH})
         changed, last_at, last_id = cur.fetchone()
         if last_id is None:
@@ -201,14 +237,15 @@ def _environment_cases(conn, client: redis.Redis, before: dict[str, int]) -> Non
     conn.execute(text("SET LOCAL session_replication_role = DEFAULT"))
     # A tenth have a manual stop action in their last deployment's pipeline: stopping, the action played.
     before["p_ci_builds"] = max_id(conn, "p_ci_builds")
-    conn.execute(text("""
+    conn.execute(text(f"""
         INSERT INTO p_ci_builds (partition_id, project_id, commit_id, name, type, status, lock_version,
                                  created_at, updated_at, "when", allow_failure)
         SELECT DISTINCT ON (deployable.commit_id) deployable.partition_id, deployable.project_id,
                deployable.commit_id, d.on_stop, 'Ci::Build', 'manual', 0, deployable.created_at,
                deployable.created_at, 'manual', true
         FROM environments e
-        JOIN deployments d ON d.environment_id = e.id AND d.status = 2
+        JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d WHERE d.environment_id = e.id
+                        AND d.status = {STOP_DEPLOYMENT_STATUSES} ORDER BY d.id DESC LIMIT 1) d ON true
         JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
         WHERE e.id > :before AND e.id % 10 = 0
         ORDER BY deployable.commit_id

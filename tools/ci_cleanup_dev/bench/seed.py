@@ -33,6 +33,7 @@ from sqlalchemy.exc import ProgrammingError
 from ci_cleanup.gitlab.release import RELEASE_TABLES, Release, read_catalog
 from ci_cleanup.gitlab.schema import detect_tables, naive_utc, utc_now
 from ci_cleanup_dev.ddl import create_schema, ddl
+from ci_cleanup_dev.project_rows import add_projects
 
 # The tables the jobs read builds and artifacts through (every partition); the seed's keys name the logical tables.
 PARENT = {"ci_builds": "p_ci_builds", "ci_job_artifacts": "p_ci_job_artifacts"}
@@ -141,6 +142,9 @@ def insert_environments(conn: Connection, n: int, every: int, now: dt.datetime) 
         FROM environments, generate_series(1, 2) d, (SELECT coalesce(max(id), 1) AS newest FROM p_ci_builds) b
         WHERE id > :before
     """), {"before": before})
+    # Their projects, as a stop action is queued from its project's settings.
+    add_projects(conn, conn.scalars(text("SELECT DISTINCT project_id FROM environments WHERE id > :before"),
+                                    {"before": before}))
 
 
 def insert_artifacts(conn: Connection, n: int, every: int, now: dt.datetime) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from ci_cleanup.gitlab.schema import (
+    BUILD_TAG_TABLES,
     CI_DATABASE,
     FLAT,
     MAIN_DATABASE,
@@ -38,15 +39,20 @@ _TRIGGER_TABLES = {"ci_runner_machines_archived": (CI_DATABASE,),
                    "loose_foreign_keys_deleted_records": (MAIN_DATABASE, CI_DATABASE)}
 
 
+# A dollar quote's delimiter: $$ or $tag$ (19.x's loose-FK functions are $_$ bodies holding $1).
+_DOLLAR_QUOTE = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
 def _statements(sql: str) -> list[str]:
-    """``structure.sql`` split into statements (a ``;`` ends one at the end of a line, outside ``$$`` bodies)."""
-    statements, current, in_body = [], [], False
+    """``structure.sql`` split into statements (a ``;`` ends one at the end of a line, outside ``$tag$`` bodies)."""
+    statements, current, body = [], [], None
     for line in sql.splitlines():
         if not current and (not line.strip() or line.startswith("--")):
             continue
         current.append(line)
-        in_body ^= line.count("$$") % 2 == 1
-        if not in_body and line.rstrip().endswith(";"):
+        for quote in _DOLLAR_QUOTE.findall(line):
+            body = quote if body is None else (None if quote == body else body)
+        if body is None and line.rstrip().endswith(";"):
             statements.append("\n".join(current))
             current = []
     return statements
@@ -59,7 +65,20 @@ RELEASES = {
     "17.x": "17.x-cf815822.sql",
     "18.x": "18.x-0016ea05.sql",
     "18.y": "18.y-00084369.sql",
+    "19.x": "19.x-84f51c2a.sql",
 }
+
+
+# The releases whose builds' tags are in taggings (GitLab before 17.3's p_ci_build_tags).
+TAGGINGS_RELEASES = ("16.0",)
+
+
+def _queue_sources(taggings: bool) -> list[str]:
+    """The tables a stop action's queue row is built from (``queue_sources.sql``), with the build's tags in
+    ``taggings`` (before GitLab 17.3) or ``p_ci_build_tags``: not in the releases' vendored subsets."""
+    sql = Path(__file__).parent
+    return _file_statements(sql / "queue_sources.sql") + _file_statements(
+        sql / ("taggings.sql" if taggings else "build_tags.sql"))
 
 
 def _file_statements(path: Path) -> list[str]:
@@ -80,13 +99,14 @@ def ddl(layout: str = PARTITIONED, release: str | None = None) -> list[str]:
     if release is not None:
         if release not in RELEASES:
             raise ValueError(f"release must be one of {', '.join(RELEASES)}, not {release!r}")
-        return _file_statements(sql / "versions" / RELEASES[release])
+        return _file_statements(sql / "versions" / RELEASES[release]) + _queue_sources(release in TAGGINGS_RELEASES)
     statements = _file_statements(sql / "structure.sql")
     if layout == FLAT:
-        return [s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
+        return ([s for s in statements if not re.search(r"\bp_ci_(builds|job_artifacts)", s)] + _FLAT_DEFAULTS
+                + _queue_sources(taggings=True))
     if layout != PARTITIONED:
         raise ValueError(f"layout must be {PARTITIONED!r} or {FLAT!r}, not {layout!r}")
-    return statements + [
+    return statements + _queue_sources(taggings=False) + [
         f"CREATE TABLE IF NOT EXISTS gitlab_partitions_dynamic.{name}_{value} "
         f"PARTITION OF {parent} FOR VALUES IN ({value});"
         for parent, (name, values) in DYNAMIC_PARTITIONS.items()
@@ -110,11 +130,14 @@ def truncate_all(
 ) -> None:
     """Empty every table the jobs touch, those GitLab's triggers write and ``also`` (tests, demo, benchmark only);
     given a ``database`` (``main`` / ``ci``), only its own tables: the other's copies are write-locked there."""
-    names = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
-    # GitLab's own trigger tables where this release has them (16.0 has neither, 18.y no _archived copy).
+    tables = [t.name for t in schema.metadata.sorted_tables if database in (None, database_of(t))]
+    names = [name for name in tables if name not in BUILD_TAG_TABLES]
+    # GitLab's own trigger tables where this release has them (16.0 has neither, 18.y no _archived copy), and the
+    # one table of a build's tags it has.
     names += conn.scalars(
         text("SELECT name FROM unnest(CAST(:names AS text[])) name WHERE to_regclass(name) IS NOT NULL"),
-        {"names": [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)]},
+        {"names": [name for name, where in _TRIGGER_TABLES.items() if database in (None, *where)]
+         + [name for name in BUILD_TAG_TABLES if name in tables]},
     ).all() + list(also)
     conn.execute(text("TRUNCATE " + ", ".join(f'"{name}"' for name in names) + " RESTART IDENTITY"))
 
