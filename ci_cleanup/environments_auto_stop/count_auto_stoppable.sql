@@ -2,4 +2,4 @@
 -- passed (seed 003: available and auto_stop_at before now).
 SELECT count(*)
 FROM environments
-WHERE state = 'available' AND auto_stop_at < :now
+WHERE {{ auto_stoppable }}

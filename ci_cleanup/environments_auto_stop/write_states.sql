@@ -5,13 +5,13 @@
 WITH stopping AS (
   UPDATE environments
   SET state = 'stopping', updated_at = :naive_now
-  WHERE id = ANY(CAST(:stopping_ids AS bigint[])) AND state = 'available' AND auto_stop_at < :now
+  WHERE id = ANY(CAST(:stopping_ids AS bigint[])) AND {{ auto_stoppable }}
   RETURNING id, state
 ),
 stopped AS (
   UPDATE environments
   SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive_now
-  WHERE id = ANY(CAST(:stopped_ids AS bigint[])) AND state = 'available' AND auto_stop_at < :now
+  WHERE id = ANY(CAST(:stopped_ids AS bigint[])) AND {{ auto_stoppable }}
     AND auto_stop_setting = 0  -- if environments.auto_stop_setting
   RETURNING id, state
 )

@@ -62,8 +62,9 @@ _FRAGMENT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 def _fragment(package: str, name: str) -> str:
+    """``name.sql`` without its comment lines, its own fragments in place (a condition inside a shared part)."""
     lines = [line for line in _read(package, f"{name}.sql").splitlines() if not line.lstrip().startswith("--")]
-    return "\n".join(lines).strip()
+    return _FRAGMENT.sub(lambda found: _fragment(package, found.group(1)), "\n".join(lines).strip())
 
 
 def condition(package: str, name: str, *, pyformat: bool = False) -> str:
