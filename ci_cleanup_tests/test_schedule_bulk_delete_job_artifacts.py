@@ -991,10 +991,11 @@ def test_a_rails_folder_setting_that_is_no_folder_is_named(stack, engine, redis_
 
 
 def test_a_batch_reads_the_flags_with_read_flags_text():
-    """Each mechanism once: the one-database batch's flags are read_flags.sql's statement, line for line."""
-    read = service.READ_FLAGS.source
+    """Each mechanism once: the one-database batch's flags are read_flags.sql's, line for line (both name flags.sql)."""
+    assert "WITH {{ flags }}" in service.READ_FLAGS.source and "WITH {{ flags }}," in service.BATCH.source
+    read = service.READ_FLAGS.expanded
     shared = read[read.index("WITH gates AS"):read.index("SELECT enabled, max_buckets, persisted, gated FROM flags")]
-    assert shared.rstrip("\n") + ",\n" in service.BATCH.source
+    assert shared.rstrip("\n") + ",\n" in service.BATCH.expanded
 
 
 def test_dry_run_with_the_flag_off_is_skipped(stack, engine, redis_client):

@@ -8,7 +8,7 @@
 -- datetime, and must not stop every run.
 SELECT id, file_store, store_dir, file, pick_up_at::text AS pick_up_at
 FROM ci_deleted_objects
-WHERE pick_up_at < :now
+WHERE {{ ready_for_destruction }}
   AND pick_up_at >= CAST(:after_pick_up_at AS timestamptz)
   AND (pick_up_at, id) > (CAST(:after_pick_up_at AS timestamptz), :after_id)
 -- The column, not the text column of the same name the list makes (ORDER BY takes that one first: it

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from ci_cleanup.gitlab import artifact_buckets
 from ci_cleanup.gitlab.schema import FILE_STORE_LOCAL, GitLabSchema, naive_utc, utc_now
+from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup.schedule_bulk_delete_job_artifacts import service as bulk_delete
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import BATCH_SIZE as ARTIFACTS_BATCH
 from ci_cleanup.schedule_bulk_delete_job_artifacts.service import PICK_UP_AT_EARLIEST, PICK_UP_AT_LATEST
@@ -95,7 +96,9 @@ def write_stored_files(conn: Connection, schema: GitLabSchema, root: Path) -> in
 
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
-EXPIRED = "expire_at < :now AND file_type <> 3 AND locked = 0"
+# The rule's condition, as the batch's statements have it (schedule_bulk_delete_job_artifacts/expired.sql).
+EXPIRED = condition("ci_cleanup.schedule_bulk_delete_job_artifacts", "expired")
+EXPIRED_PY = condition("ci_cleanup.schedule_bulk_delete_job_artifacts", "expired", pyformat=True)
 
 
 def enable_bulk_delete(conn: Connection, client: redis.Redis) -> None:
@@ -188,11 +191,11 @@ FLAGS = """WITH flags AS (
   WHERE feature_key IN ('bulk_delete_job_artifacts', 'bulk_delete_job_artifacts_high_concurrency')
     AND key = 'boolean' AND value = 'true')"""
 
-ARTIFACTS = FLAGS + """,
+ARTIFACTS = FLAGS + f""",
 deleted AS (
   DELETE FROM p_ci_job_artifacts WHERE id = ANY(ARRAY(
     SELECT id FROM p_ci_job_artifacts
-    WHERE expire_at < %(now)s AND file_type <> 3 AND locked = 0
+    WHERE {EXPIRED_PY}
       AND CASE WHEN mod(project_id::numeric + job_id, (SELECT max_buckets FROM flags)) = %(bucket)s
                THEN true ELSE false END
       AND expire_at >= %(after)s AND (SELECT enabled FROM flags) AND %(bucket)s < (SELECT max_buckets FROM flags)
