@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from ci_cleanup.environments_auto_stop import service as auto_stop
 from ci_cleanup.environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
 from ci_cleanup.gitlab.schema import GitLabSchema, naive_utc, utc_now
+from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup_dev.project_rows import add_projects
 
 from ..bench.floor import on_a_connection
@@ -81,7 +82,9 @@ STOP_DEPLOYMENT_STATUSES = """ANY(CASE WHEN EXISTS (
 
 ENVS_MAX_LOOPS = 10_000
 
-DUE = "state = 'available' AND auto_stop_at < :now"
+# The rule's condition, as the batch's statements have it (environments_auto_stop/auto_stoppable.sql).
+DUE = condition("ci_cleanup.environments_auto_stop", "auto_stoppable")
+DUE_PY = condition("ci_cleanup.environments_auto_stop", "auto_stoppable", pyformat=True)
 
 
 def envs_job(engine, client, on_batch):
@@ -142,7 +145,7 @@ def envs_per_row(engine, client, on_batch):
 
 ENVS = """WITH batch AS (
   SELECT id, auto_stop_setting, auto_stop_at, project_id FROM environments
-  WHERE state = 'available' AND auto_stop_at < %(now)s
+  WHERE {due}
     AND auto_stop_at >= %(after_at)s AND (auto_stop_at > %(after_at)s OR id > %(after_id)s)
   ORDER BY auto_stop_at, id LIMIT %(limit)s FOR UPDATE),
 project AS (
@@ -168,13 +171,13 @@ actions AS (
 stopping AS (
   UPDATE environments SET state = 'stopping', updated_at = %(now_naive)s
   WHERE id = ANY(ARRAY(SELECT environment_id FROM actions WHERE namespace_id IS NOT NULL))
-    AND state = 'available' AND auto_stop_at < %(now)s
+    AND {due}
   RETURNING id),
 stopped AS (
   UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = %(now_naive)s
   WHERE id = ANY(ARRAY(SELECT id FROM batch WHERE auto_stop_setting = 0
                        AND id NOT IN (SELECT environment_id FROM actions)))
-    AND state = 'available' AND auto_stop_at < %(now)s AND auto_stop_setting = 0
+    AND {due} AND auto_stop_setting = 0
   RETURNING id),
 played AS (
   UPDATE p_ci_builds SET status = 'pending', queued_at = %(now_naive)s, updated_at = %(now_naive)s,
@@ -203,7 +206,7 @@ def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     cur.execute("SELECT to_regclass('p_ci_build_tags') IS NOT NULL")
     statement = ENVS.replace("{tags}", BUILD_TAGS if cur.fetchone()[0] else TAGGINGS).replace(
-        "{statuses}", STOP_DEPLOYMENT_STATUSES)
+        "{statuses}", STOP_DEPLOYMENT_STATUSES).replace("{due}", DUE_PY)
     after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:
