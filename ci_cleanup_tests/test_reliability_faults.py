@@ -781,7 +781,7 @@ SQL_WORDS = re.compile(
 # baselines). No value from a row, a config or a user is ever formatted into SQL; values are bound parameters.
 ALLOWED_SQL_FORMATTING = {
     # SET LOCAL statement_timeout = {int}: SET takes no bind parameter
-    ("resources.py", "int(self.statement_timeout_seconds * 1000)"),
+    ("resources/gitlab_database.py", "int(self.statement_timeout_seconds * 1000)"),
     # CREATE DATABASE "{name}": our own constants GITLAB_DB, DAGSTER_DB; ALTER SYSTEM SET / RESET {name}: a name
     # found in pg_settings (ALTER SYSTEM takes no bind parameter), set to a quoted literal, its quotes doubled
     ("devstack.py", "name"),
@@ -799,10 +799,17 @@ ALLOWED_SQL_FORMATTING = {
     ("ddl/__init__.py", "name"),  # GitLab's dynamic partitions: names and values of DYNAMIC_PARTITIONS
     ("ddl/__init__.py", "value"),
     ("ddl/__init__.py", "parent"),
-    ("batches/drop_canceling_builds.py", "CANCELING"),  # constant SQL fragments with :named parameters
+    # each rule's condition, read from the batch's own .sql file (sql_files.condition): :named or %(pyformat)s
+    ("batches/drop_canceling_builds.py", "CANCELING"),
+    ("batches/drop_canceling_builds.py", "CANCELING_PY"),
     ("batches/stale_runner_machines_cleanup.py", "STALE"),
+    ("batches/stale_runner_machines_cleanup.py", "STALE_PY"),
     ("batches/environments_auto_stop.py", "DUE"),
     ("batches/schedule_bulk_delete_job_artifacts.py", "EXPIRED"),
+    ("batches/schedule_bulk_delete_job_artifacts.py", "EXPIRED_PY"),
+    ("batches/stuck_export_jobs.py", "ENQUEUED"),
+    # the deployment statuses Environment#stop_actions reads on the release met: a constant SQL expression
+    ("batches/environments_auto_stop.py", "STOP_DEPLOYMENT_STATUSES"),
     # bench --traffic: table and column names of the bench's own tables, and its own sequence and schema constants
     ("bench/traffic.py", "partition"),
     ("bench/traffic.py", "table"),

@@ -49,6 +49,7 @@ def seed(
 
 # The rule's condition, as the batch's statements have it (drop_canceling_builds/outdated_canceling.sql).
 CANCELING = condition("ci_cleanup.drop_canceling_builds", "outdated_canceling")
+CANCELING_PY = condition("ci_cleanup.drop_canceling_builds", "outdated_canceling", pyformat=True)
 
 
 def _drop_params():
@@ -101,19 +102,18 @@ def drop_per_row(engine, client, on_batch):
 
 # -- drop_canceling_builds: candidates in GitLab's order, dropped if still outdated and canceling, out of the queues
 
-DROP = """WITH dropped AS (
+DROP = f"""WITH dropped AS (
   UPDATE p_ci_builds SET status = 'failed', failure_reason = 3, finished_at = coalesce(finished_at, %(now)s),
          updated_at = %(now)s, lock_version = coalesce(lock_version, 0) + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {canceling}
+  WHERE id = ANY(ARRAY(SELECT id FROM p_ci_builds WHERE {CANCELING_PY}
                        ORDER BY created_at, project_id, id LIMIT %(limit)s))
-    AND {canceling}
+    AND {CANCELING_PY}
   RETURNING id),
 pending AS (DELETE FROM ci_pending_builds WHERE id = ANY(ARRAY(
   SELECT id FROM ci_pending_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id))),
 running AS (DELETE FROM ci_running_builds WHERE id = ANY(ARRAY(
   SELECT id FROM ci_running_builds WHERE build_id = ANY(ARRAY(SELECT id FROM dropped)) ORDER BY build_id)))
-SELECT count(*) FROM dropped""".format(canceling=condition("ci_cleanup.drop_canceling_builds", "outdated_canceling",
-                                                        pyformat=True))
+SELECT count(*) FROM dropped"""
 
 
 def drop_floor(conn, client: redis.Redis) -> tuple[int, int]:
