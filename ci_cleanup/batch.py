@@ -18,7 +18,9 @@ import atexit
 import enum
 import functools
 import gc
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -28,12 +30,15 @@ from dagster import (
     ScheduleDefinition,
     job,
 )
+from sqlalchemy import Table
 
 from . import lease as leases
 from .console import LOGGER_DEFS
 from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
-from .resources import GitLabRedis, RunOptions
+from .gitlab.pacing import Watch
+from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .resources.run_options import APDEX_URL_ENV
 from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
 
 
@@ -116,6 +121,25 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, sto
     context.instance.add_run_tags(context.run_id, tags)
     context.log.info(f"Lease {lease.key} is held by another process; skipping as GitLab's worker does")
     return Start(RunMode.SKIPPED, "lease held", {"lease": lease.redis_key, "lease_ttl_seconds": ttl, **store})
+
+
+@contextmanager
+def paced(context: OpExecutionContext, begun: Start, gitlab_db: GitLabDatabase, table: Table) -> Iterator[None]:
+    """While the process op's batches run: the signals of ``table``'s database, read for the run's pacer on a
+    connection of its own (:class:`~ci_cleanup.gitlab.pacing.Watch`); nothing when pacing is off or nothing runs."""
+    pacer = begun.brake.pacer
+    if pacer is None or not begun.runs:
+        yield
+        return
+    with gitlab_db.dedicated_engine(table, 1) as engine:
+        watch = Watch(engine, table, gitlab_db.application_name(table), context.log.warning,
+                      os.environ.get(APDEX_URL_ENV) or None)
+        watch.paused, pacer.watch = pacer.paused, watch
+        watch.start()
+        try:
+            yield
+        finally:
+            watch.stop()
 
 
 def finish(

@@ -1,0 +1,247 @@
+"""Pacing by the database's health (issue 70): the controller's decisions on a clock the test moves, and on real
+PostgreSQL, a lock the job would wait on, or one it makes others wait on, backs it off."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.gitlab import pacing
+from ci_cleanup.gitlab.loop_helpers import Brake, Hooks, loop_until
+from ci_cleanup.gitlab.pacing import Pacer, Readings, Watch, judge
+from ci_cleanup.resources import RunOptions
+from ci_cleanup.resources.run_options import THROTTLE_ENV
+
+from .factories import S, backend_waiting_on_lock, create, naive_ago, row
+from .runner import op_metadata, run_job
+
+approx = pytest.approx
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class Signals:
+    """A watch whose readings the test sets, one per batch."""
+
+    def __init__(self) -> None:
+        self.next = Readings()
+        self.unreadable: dict[str, str] = {}
+
+    def take(self) -> Readings:
+        taken, self.next = self.next, Readings()
+        return taken
+
+
+def paced(jitter: float = 0.0) -> tuple[Clock, Signals, Pacer]:
+    clock, signals = Clock(), Signals()
+    return clock, signals, Pacer(clock=clock, jitter=lambda: jitter, watch=signals)
+
+
+def batch(clock: Clock, pacer: Pacer, seconds: float, default: int = 100) -> tuple[int, float]:
+    """One batch of ``seconds`` at the pacer's size; the size it had and the pause the pacer asked for after it."""
+    size = pacer.next_batch_size(default)
+    clock.now += seconds
+    pause = pacer.after_batch(seconds)
+    clock.now += pause
+    return size, pause
+
+
+def test_with_no_signal_there_is_no_pause_and_the_seeds_size():
+    clock, _, pacer = paced()
+    assert [batch(clock, pacer, 0.02) for _ in range(5)] == [(100, 0.0)] * 5
+    assert pacer.metadata == {
+        "pacing": "adaptive", "pacing_paused_seconds": 0.0, "pacing_paused_share": 0.0,
+        "pacing_batch_size_share_mean": 1.0, "pacing_batch_size_share_min": 1.0, "pacing_slowed_batches": 0,
+        "pacing_slowed_by": {},
+    }
+
+
+def test_a_batch_slower_than_its_recent_best_pauses_and_shrinks_the_next():
+    clock, _, pacer = paced()
+    batch(clock, pacer, 0.1)
+    batch(clock, pacer, 0.14)  # within 1.5 × its best: no signal
+    assert batch(clock, pacer, 0.2) == (100, approx(pacing.BACKOFF_FIRST_SECONDS))  # over it
+    assert pacer.next_batch_size(100) == 80  # Sidekiq throttling's soft cut
+    assert dict(pacer.slowed_by) == {"batch_time": 1}
+
+
+def test_a_smaller_batch_is_judged_against_batches_no_larger():
+    clock, _, pacer = paced()
+    batch(clock, pacer, 0.1)  # 100 rows: its per-row time is the run's best
+    pacer.share = 0.5
+    # 50 rows in 0.1 s is twice the best per row, but no batch of 50 or fewer has been seen: no signal
+    assert batch(clock, pacer, 0.1) == (50, 0.0)
+
+
+def test_a_lock_wait_the_job_causes_halves_the_batch_at_once():
+    clock, signals, pacer = paced()
+    batch(clock, pacer, 0.02)
+    signals.next = Readings(locks_caused=1)
+    assert batch(clock, pacer, 0.02) == (100, approx(pacing.BACKOFF_FIRST_SECONDS))
+    assert pacer.next_batch_size(100) == 50
+    signals.next = Readings(lock_waited=2, read_seconds=0.1, read_baseline=0.001)  # with latency too: halved
+    assert batch(clock, pacer, 0.02) == (50, approx(2 * pacing.BACKOFF_FIRST_SECONDS))
+    assert pacer.next_batch_size(100) == 25
+    assert dict(pacer.slowed_by) == {"locks_caused": 1, "lock_waited": 1, "read_latency": 1}
+
+
+def test_a_health_signal_pauses_with_exponential_backoff_while_it_lasts_and_keeps_the_size():
+    clock, signals, pacer = paced()
+    pauses = []
+    for _ in range(12):
+        signals.next = Readings(autovacuum=True)
+        size, pause = batch(clock, pacer, 0.02)
+        assert size == 100
+        pauses.append(pause)
+    first = pacing.BACKOFF_FIRST_SECONDS
+    assert pauses == approx([min(pacing.BACKOFF_MAX_SECONDS, first * 2**n) for n in range(12)])
+    assert batch(clock, pacer, 0.02) == (100, 0.0)  # it ended: no pause, the backoff starts again from the first
+    signals.next = Readings(replica_lag_seconds=2.0)
+    assert batch(clock, pacer, 0.02) == (100, approx(first))
+
+
+def test_jitter_shortens_each_pause_by_up_to_half():
+    clock, signals, pacer = paced(jitter=1.0)
+    signals.next = Readings(wal_bytes_per_second=pacing.WAL_BYTES_PER_SECOND + 1)
+    assert batch(clock, pacer, 0.02) == (100, approx(pacing.BACKOFF_FIRST_SECONDS * (1 - pacing.JITTER)))
+
+
+def test_the_size_grows_back_by_a_tenth_a_healthy_batch_up_to_the_seeds():
+    clock, signals, pacer = paced()
+    signals.next = Readings(locks_caused=1)
+    batch(clock, pacer, 0.02)
+    sizes = [batch(clock, pacer, 0.01)[0] for _ in range(10)]
+    assert sizes == [50, 55, 61, 67, 73, 81, 89, 97, 100, 100]
+    assert pacer.metadata["pacing_batch_size_share_min"] == 0.5
+
+
+def test_the_size_never_drops_under_one_row():
+    clock, signals, pacer = paced()
+    for _ in range(20):
+        signals.next = Readings(locks_caused=1)
+        batch(clock, pacer, 0.01, default=10)
+    assert pacer.next_batch_size(10) == 1
+    assert pacer.share == pacing.MIN_SIZE_SHARE
+
+
+def test_workers_share_one_budget_a_pause_holds_every_worker():
+    """The bulk delete's workers: a signal after one worker's batch pauses the others until the same moment."""
+    clock, signals, pacer = paced()
+    pacer.next_batch_size(100)
+    signals.next = Readings(locks_caused=1)
+    first = pacer.after_batch(0.02)
+    clock.now += 0.05  # another worker ends its batch meanwhile, with no signal of its own
+    assert pacer.after_batch(0.02) == approx(first - 0.05)
+    assert pacer.paused_seconds == first  # the run was paused once, not once a worker
+
+
+def test_the_metadata_says_how_the_run_was_paced():
+    clock, signals, pacer = paced()
+    batch(clock, pacer, 0.1)
+    signals.next = Readings(autovacuum=True)
+    batch(clock, pacer, 0.1)
+    signals.next = Readings(autovacuum=True, locks_caused=1)
+    batch(clock, pacer, 0.1)
+    assert pacer.metadata == {
+        "pacing": "adaptive", "pacing_paused_seconds": 0.3, "pacing_paused_share": 0.5,
+        "pacing_batch_size_share_mean": 1.0, "pacing_batch_size_share_min": 1.0, "pacing_slowed_batches": 2,
+        "pacing_slowed_by": {"autovacuum": 2, "locks_caused": 1},
+        "pacing_slowed_by_autovacuum": 2, "pacing_slowed_by_locks_caused": 1,
+    }
+    assert pacer.window() == {"pacing_slowed_batches": 2, "pacing_paused_seconds": 0.3,
+                              "pacing_batch_size_share": 1.0}
+    batch(clock, pacer, 0.1)
+    assert pacer.window() == {"pacing_slowed_batches": 0, "pacing_paused_seconds": 0.0,
+                              "pacing_batch_size_share": 0.5}
+
+
+@pytest.mark.parametrize(("readings", "fired"), [
+    (Readings(read_seconds=0.0024, read_baseline=0.001), set()),  # under 1.5 × its baseline + the slack
+    (Readings(read_seconds=0.0026, read_baseline=0.001), {"read_latency"}),
+    (Readings(active_sessions=12, sessions_before=10), set()),  # 20 % over 10: 12 is not over it
+    (Readings(active_sessions=13, sessions_before=10), {"active_sessions"}),
+    (Readings(active_sessions=2, sessions_before=0), set()),  # at least 2 more than before
+    (Readings(active_sessions=3, sessions_before=0), {"active_sessions"}),
+    (Readings(wal_bytes_per_second=pacing.WAL_BYTES_PER_SECOND), set()),
+    (Readings(replica_lag_seconds=1.5), set()),
+    (Readings(replica_lag_seconds=1.6), {"replica_lag"}),
+    (Readings(autovacuum=False), set()),
+    (Readings(apdex=0.99), set()),
+    (Readings(apdex=0.98), {"apdex"}),
+    (Readings(), set()),  # nothing read (every signal unreadable): nothing fires
+])
+def test_each_signal_fires_only_over_its_threshold(readings, fired):
+    assert judge(readings) == fired
+
+
+def test_the_loop_pauses_as_the_pacer_says_and_hands_its_size_to_the_batches():
+    clock, signals, pacer = paced()
+    brake, sizes = Brake(pacer=pacer), []
+    hooks = Hooks(brake=brake)
+    readings = [Readings(), Readings(locks_caused=1), Readings(), Readings()]
+
+    def body() -> bool:
+        if not readings:
+            return False
+        sizes.append(hooks.batch_size(100))
+        signals.next = readings.pop(0)
+        clock.now += 0.01
+        return True
+
+    loop_until(body, brake=brake, clock=clock, sleep=clock.sleep)
+    assert sizes == [100, 100, 50, 55]
+    assert clock.slept == approx([pacing.BACKOFF_FIRST_SECONDS])
+    assert brake.paused_seconds == approx(pacing.BACKOFF_FIRST_SECONDS)
+
+
+def test_a_fixed_duty_cycle_still_pauses_and_the_longer_pause_wins():
+    clock, signals, pacer = paced()
+    brake = Brake(duty_cycle=0.5, pacer=pacer)
+    pacer.next_batch_size(100)
+    assert brake.hold(0.5, clock.sleep) == 0.5  # the duty cycle's pause; no signal
+    signals.next = Readings(autovacuum=True)
+    pacer.next_batch_size(100)
+    assert brake.hold(0.01, clock.sleep) == approx(pacing.BACKOFF_FIRST_SECONDS)  # the pacer's, longer
+    assert brake.metadata["duty_cycle"] == 0.5 and brake.metadata["pacing"] == "adaptive"
+
+
+def test_a_loop_cut_short_by_a_seeds_limit_says_so():
+    clock, brake = Clock(), Brake()
+    loop_until(lambda: False, timeout=1, brake=brake, clock=clock, sleep=clock.sleep)
+    assert brake.metadata == {}  # done: nothing cut short
+
+    def slow() -> bool:
+        clock.now += 2
+        return True
+
+    loop_until(slow, timeout=1, brake=brake, clock=clock, sleep=clock.sleep)
+    loop_until(lambda: True, limit=2, brake=brake, clock=clock, sleep=clock.sleep)
+    assert brake.metadata == {"cut_short_by_seed_limit": {"timeout": 1, "limit": 1}}
+
+
+def test_pacing_is_on_by_default_off_by_setting_and_a_bad_setting_is_one_line(monkeypatch):
+    monkeypatch.delenv(THROTTLE_ENV, raising=False)
+    assert RunOptions().brake().pacer is not None
+    assert RunOptions(throttle="off").brake().pacer is None
+    monkeypatch.setenv(THROTTLE_ENV, "OFF")
+    assert RunOptions().brake().pacer is None
+    assert RunOptions(throttle="adaptive").brake().pacer is not None
+    monkeypatch.setenv(THROTTLE_ENV, "slow")
+    with pytest.raises(ValueError, match=r"^CI_CLEANUP_THROTTLE must be adaptive or off, not 'slow'$"):
+        RunOptions().brake()
