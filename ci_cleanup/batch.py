@@ -38,6 +38,7 @@ from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
 from .gitlab.pacing import Watch
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .resources.gitlab_database import JOB_MARK
 from .resources.run_options import APDEX_URL_ENV
 from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
 
@@ -132,7 +133,7 @@ def paced(context: OpExecutionContext, begun: Start, gitlab_db: GitLabDatabase, 
         yield
         return
     with gitlab_db.dedicated_engine(table, 1) as engine:
-        watch = Watch(engine, table, gitlab_db.application_name(table), context.log.warning,
+        watch = Watch(engine, table, JOB_MARK, context.log.warning,
                       os.environ.get(APDEX_URL_ENV) or None)
         watch.paused, pacer.watch = pacer.paused, watch
         watch.start()

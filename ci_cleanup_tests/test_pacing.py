@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, func, select, text, update
 
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
 from ci_cleanup.gitlab import pacing
 from ci_cleanup.gitlab.loop_helpers import Brake, Hooks, loop_until
 from ci_cleanup.gitlab.pacing import Pacer, Readings, Watch, judge
 from ci_cleanup.resources import RunOptions
+from ci_cleanup.resources.gitlab_database import JOB_MARK
 from ci_cleanup.resources.run_options import THROTTLE_ENV
 
 from .factories import S, backend_waiting_on_lock, create, naive_ago, row
+from .harness import on
 from .runner import op_metadata, run_job
 
 approx = pytest.approx
@@ -245,3 +248,142 @@ def test_pacing_is_on_by_default_off_by_setting_and_a_bad_setting_is_one_line(mo
     monkeypatch.setenv(THROTTLE_ENV, "slow")
     with pytest.raises(ValueError, match=r"^CI_CLEANUP_THROTTLE must be adaptive or off, not 'slow'$"):
         RunOptions().brake()
+
+
+# On real PostgreSQL: the watch beside a run, and the locks.
+
+def watch_sampled_since(engine, since) -> bool:
+    """Whether the watch finished reading the lock waits after ``since`` (the server's clock)."""
+    with engine.connect() as conn:
+        return bool(conn.scalar(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_blocking_pids(waiter.pid)%' "
+            "AND state = 'idle' AND state_change > :since AND pid <> pg_backend_pid()"), {"since": since}))
+
+
+def wait_until(condition, what: str) -> None:
+    for _ in range(1200):
+        if condition():
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize("stack", ["direct", "deployed"], indirect=True)  # and through PgBouncer, decomposed
+def test_a_lock_the_job_would_wait_on_makes_it_back_off(stack, engine, redis_client):
+    builds = [create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+              for _ in range(5)]
+    ran, b, ci = {}, S.ci_builds, on(engine, "ci_builds")  # the watch reads the ci database, where the builds are
+    with ci.connect() as holder, holder.begin():
+        holder.execute(select(b.c.id).where(b.c.id == builds[2]).with_for_update())  # a row GitLab holds
+        job = threading.Thread(target=lambda: ran.update(result=run_job(drop_canceling_builds, stack)))
+        job.start()
+        backend_waiting_on_lock(ci, "%WITH picked AS%")  # the job's batch waits on it
+        since = holder.scalar(text("SELECT clock_timestamp()"))
+        wait_until(lambda: watch_sampled_since(ci, since), "the watch read the lock waits")
+    job.join()
+
+    report = op_metadata(ran["result"], "report_dropped_builds")
+    assert report["dropped_count"] == 5 and [row(engine, "ci_builds", i).status for i in builds] == ["failed"] * 5
+    assert report["pacing"] == "adaptive" and report["pacing_slowed_by"]["lock_waited"] == 1
+    assert report["pacing_slowed_by_lock_waited"] == 1 and report["pacing_paused_seconds"] > 0
+    assert "pacing_unreadable" not in report
+
+
+def test_a_lock_the_job_causes_others_makes_it_back_off(stack, engine):
+    """A batch holding a row lock another session waits on (as a batch's transaction would): the watch sees it
+    while the batch holds it, and the pacer halves the next batch and pauses."""
+    build = create(engine, "ci_builds")
+    table = S.ci_builds
+    job_engine, watch_engine = create_engine(stack.url()), create_engine(stack.url(), pool_size=1)
+    bump = update(table).values(lock_version=func.coalesce(table.c.lock_version, 0) + 1).where(table.c.id == build)
+    # The job's statement as its engine sends it: its mark first.
+    job_bump = text(f"{JOB_MARK} UPDATE {table.name} SET lock_version = coalesce(lock_version, 0) + 1 WHERE id = :id")
+    watch = Watch(watch_engine, table, JOB_MARK, report=print)
+    pacer = Pacer(watch=watch)
+    brake, sizes = Brake(pacer=pacer), []
+    hooks = Hooks(brake=brake)
+    watch.paused = pacer.paused
+
+    def gitlab_update() -> None:
+        with engine.begin() as conn:
+            conn.execute(bump)
+
+    other = threading.Thread(target=gitlab_update)
+
+    def body() -> bool:
+        sizes.append(hooks.batch_size(100))
+        if len(sizes) > 2:
+            return False
+        with job_engine.begin() as conn:
+            conn.execute(job_bump, {"id": build})
+            if len(sizes) == 1:  # GitLab's update of the same build comes while the batch holds it
+                other.start()
+                backend_waiting_on_lock(engine, "%SET lock_version%")
+                wait_until(lambda: watch.lock_waits()[0] > 0, "the watch saw the wait the batch causes")
+        return True
+
+    slept = []
+    watch.start()
+    try:
+        loop_until(body, brake=brake, sleep=lambda seconds: slept.append(seconds) or time.sleep(seconds))
+    finally:
+        watch.stop()
+        other.join()
+        job_engine.dispose()
+        watch_engine.dispose()
+    assert sizes == [100, 50, 55]
+    assert pacer.slowed_by["locks_caused"] == 1 and len(slept) == 1 and slept[0] > 0
+    assert row(engine, "ci_builds", build).lock_version == 3  # both batches' and GitLab's own update
+    assert watch.unreadable == {}
+
+
+def test_a_signal_that_cannot_be_read_is_reported_once_and_left_out(stack, engine):
+    """A database role that may not read the job's table: the cheap read is unreadable; the rest still works."""
+    with engine.begin() as conn:
+        conn.execute(text("DROP ROLE IF EXISTS ci_cleanup_watch_only"))
+        conn.execute(text("CREATE ROLE ci_cleanup_watch_only LOGIN"))
+    url = stack.url().replace("postgres@", "ci_cleanup_watch_only@")
+    watch_engine, reports = create_engine(url, pool_size=1), []
+    watch = Watch(watch_engine, S.ci_builds, JOB_MARK, report=reports.append)
+    try:
+        watch.start()
+        with watch_engine.connect() as conn:
+            watch.sample(conn)  # a second round: still reported only once
+    finally:
+        watch.stop()
+        watch_engine.dispose()
+        with engine.begin() as conn:
+            conn.execute(text("DROP ROLE ci_cleanup_watch_only"))
+    assert list(watch.unreadable) == ["read_latency"]
+    assert watch.unreadable["read_latency"].startswith("permission denied for table")
+    assert reports == [f"Pacing: cannot read read_latency ({watch.unreadable['read_latency']}); pacing without it"]
+    readings = watch.take()
+    assert readings.read_baseline is None and readings.sessions_before is not None
+    assert judge(readings) == set()
+
+
+def test_gitlabs_apdex_from_prometheus_slows_the_run_below_its_slo(stack, engine):
+    class Prometheus(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                             "result": [{"metric": {}, "value": [0, "0.95"]}]}})
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Prometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    watch_engine = create_engine(stack.url(), pool_size=1)
+    url = f"http://127.0.0.1:{server.server_port}/api/v1/query?query=gitlab_sql_apdex"
+    watch = Watch(watch_engine, S.ci_builds, JOB_MARK, apdex_url=url)
+    try:
+        watch.start()
+    finally:
+        watch.stop()
+        watch_engine.dispose()
+        server.shutdown()
+    readings = watch.take()
+    assert readings.apdex == 0.95 and judge(readings) == {"apdex"}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import Table, text
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -61,8 +61,8 @@ class Readings:
 
     locks_caused: int = 0  # other sessions waiting on a lock a session of the job holds
     lock_waited: int = 0  # the job's sessions waiting on a lock another holds
-    read_seconds: float | None = None  # the cheap read while the job worked (median since the last batch)
-    read_baseline: float | None = None  # the same read before the run and while it paused (median)
+    read_seconds: float | None = None  # the cheap read while the job worked (the middle one since the last batch)
+    read_baseline: float | None = None  # the same read before the run and while it paused (the middle one)
     active_sessions: int | None = None
     sessions_before: int | None = None  # active sessions before the run
     wal_bytes_per_second: float | None = None
@@ -206,8 +206,9 @@ class Pacer:
 
 # The signals' statements: each one cheap, autocommit, with no session state (PgBouncer's transaction pooling).
 LOCKS = text("""
-SELECT count(*) FILTER (WHERE waiter.application_name IS DISTINCT FROM :job AND blocker.application_name = :job),
-       count(*) FILTER (WHERE waiter.application_name = :job)
+SELECT count(*) FILTER (WHERE NOT coalesce(starts_with(waiter.query, :job), false)
+                          AND starts_with(blocker.query, :job)),
+       count(*) FILTER (WHERE starts_with(waiter.query, :job))
 FROM pg_stat_activity AS waiter
 CROSS JOIN LATERAL unnest(pg_blocking_pids(waiter.pid)) AS blocking(pid)
 JOIN pg_stat_activity AS blocker ON blocker.pid = blocking.pid
@@ -215,13 +216,11 @@ WHERE waiter.wait_event_type = 'Lock' AND waiter.pid <> pg_backend_pid()""")
 ACTIVE_SESSIONS = text("""
 SELECT count(*) FROM pg_stat_activity
 WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()
-  AND application_name IS DISTINCT FROM :job""")
+  AND NOT coalesce(starts_with(query, :job), false)""")
 WAL_POSITION = text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
 REPLICA_LAG = text("SELECT coalesce(max(extract(epoch FROM replay_lag)), 0) FROM pg_stat_replication")
 AUTOVACUUM = text("SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = ANY(CAST(:relids AS oid[]))")
 RELIDS = text("SELECT array_agg(relid::oid::bigint) FROM pg_partition_tree(CAST(:table AS regclass))")
-LAST_ID = text("SELECT max(id) FROM {table}")
-READ_BY_ID = text("SELECT id FROM {table} WHERE id = :id")
 
 
 class Watch:
@@ -231,7 +230,9 @@ class Watch:
 
     def __init__(self, engine: Engine, table: Table, job: str, report: Callable[[str], None] = print,
                  apdex_url: str | None = None, clock: Callable[[], float] = time.monotonic):
+        """``job``: what the job's statements start with (``JOB_MARK``), which tells its sessions from others'."""
         self.engine, self.job, self.report, self.apdex_url, self.clock = engine, job, report, apdex_url, clock
+        self.table = table
         self.quoted = engine.dialect.identifier_preparer.format_table(table)
         self.unreadable: dict[str, str] = {}
         self.paused: Callable[[], bool] = lambda: False
@@ -275,7 +276,7 @@ class Watch:
 
     def _levels_before(self) -> None:
         with self._connect() as conn:
-            row = self._read("read_latency", conn, text(LAST_ID.text.format(table=self.quoted)))
+            row = self._read("read_latency", conn, select(func.max(self.table.c.id)))
             self._probe_id = (row[0] or 0) if row else 0
             row = self._read("autovacuum", conn, RELIDS, {"table": self.quoted})
             self._relids = list(row[0] or []) if row else []
@@ -301,13 +302,14 @@ class Watch:
             try:
                 with self._connect() as conn:
                     while not self._stop.wait(SAMPLE_EVERY_SECONDS):
-                        self._sample(conn)
+                        self.sample(conn)
             except Exception as error:  # noqa: BLE001 (a lost connection: try again at the next sample)
                 if "connection" not in self.unreadable:
                     self._unreadable("connection", error)
                 self._stop.wait(SAMPLE_EVERY_SECONDS)
 
-    def _sample(self, conn: Connection) -> None:
+    def sample(self, conn: Connection) -> None:
+        """One round of the readings the thread takes every SAMPLE_EVERY_SECONDS."""
         row = self._read("locks", conn, LOCKS, {"job": self.job})
         if row is not None:
             with self._lock:
@@ -319,8 +321,8 @@ class Watch:
 
     def _time_read(self, conn: Connection, idle: bool) -> None:
         began = time.perf_counter()
-        if self._read("read_latency", conn, text(READ_BY_ID.text.format(table=self.quoted)),
-                      {"id": self._probe_id}) is None and "read_latency" in self.unreadable:
+        read_by_id = select(self.table.c.id).where(self.table.c.id == self._probe_id)  # as GitLab reads a row
+        if self._read("read_latency", conn, read_by_id) is None and "read_latency" in self.unreadable:
             return
         seconds = time.perf_counter() - began
         with self._lock:

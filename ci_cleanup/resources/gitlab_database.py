@@ -73,8 +73,9 @@ def database_url(url: str, variable: str = "CI_CLEANUP_DATABASE_URL"):
 
 
 CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
-# The jobs' sessions in pg_stat_activity, unless the URL names them: how pacing tells the locks they hold.
-APPLICATION_NAME = "ci_cleanup"
+# Leads every statement of the jobs, as GitLab's Marginalia comments do: pg_stat_activity then shows which sessions
+# are a job's (how pacing tells the locks they hold), with no session setting for a pooler to pass on.
+JOB_MARK = "/*application:ci_cleanup*/"
 _VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
 _DATABASE_NAMES = {MAIN_DATABASE: "the GitLab database (PostgreSQL)", CI_DATABASE: "GitLab's ci database (PostgreSQL)"}
 
@@ -199,12 +200,11 @@ class GitLabDatabase(ConfigurableResource):
         implicit one of an autocommit statement included) and in nothing else, so no setting outlives a
         transaction on a connection PgBouncer hands to another client (GitLab's transaction pooling).
         """
-        url = database_url(self._urls[database], _VARIABLES[database])
         engine = create_engine(
-            url, pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True,
-            connect_args={} if "application_name" in url.query else {"application_name": APPLICATION_NAME},
+            database_url(self._urls[database], _VARIABLES[database]),
+            pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True,
         )
-        limit = f"SET LOCAL statement_timeout = {int(self.statement_timeout_seconds * 1000)}; "
+        limit = JOB_MARK + f" SET LOCAL statement_timeout = {int(self.statement_timeout_seconds * 1000)}; "
 
         @event.listens_for(engine, "before_cursor_execute", retval=True)
         def _limit_statement(_conn, _cursor, statement, parameters, _context, _executemany):
@@ -250,11 +250,6 @@ class GitLabDatabase(ConfigurableResource):
             yield engine
         finally:
             engine.dispose()
-
-    def application_name(self, table: Table) -> str:
-        """The ``application_name`` the jobs' sessions on ``table``'s database have."""
-        url = database_url(self._urls[self._database(table)], _VARIABLES[self._database(table)])
-        return url.query.get("application_name", APPLICATION_NAME)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         for engine in {id(e): e for e in self._engines.values()}.values():
