@@ -20,7 +20,7 @@ import functools
 import gc
 import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -125,22 +125,27 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, sto
 
 
 @contextmanager
-def paced(context: OpExecutionContext, begun: Start, gitlab_db: GitLabDatabase, table: Table) -> Iterator[None]:
-    """While the process op's batches run: the signals of ``table``'s database, read for the run's pacer on a
-    connection of its own (:class:`~ci_cleanup.gitlab.pacing.Watch`); nothing when pacing is off or nothing runs."""
+def paced(
+    context: OpExecutionContext, begun: Start, gitlab_db: GitLabDatabase | None = None, table: Table | None = None,
+) -> Iterator[None]:
+    """Around the process op's batches: the signals of ``table``'s database read for the run's pacer, on a
+    connection of its own (:class:`~ci_cleanup.gitlab.pacing.Watch`; no table: the batches' time alone), and then
+    how the run was paced, on the op's output. Nothing when pacing is off or nothing runs."""
     pacer = begun.brake.pacer
     if pacer is None or not begun.runs:
         yield
         return
-    with gitlab_db.dedicated_engine(table, 1) as engine:
-        watch = Watch(engine, table, JOB_MARK, context.log.warning,
-                      os.environ.get(APDEX_URL_ENV) or None)
-        watch.paused, pacer.watch = pacer.paused, watch
-        watch.start()
+    with gitlab_db.dedicated_engine(table, 1) if table is not None else nullcontext() as engine:
+        if engine is not None:
+            pacer.watch = Watch(engine, table, JOB_MARK, context.log.warning, os.environ.get(APDEX_URL_ENV) or None)
+            pacer.watch.paused = pacer.paused
+            pacer.watch.start()
         try:
             yield
         finally:
-            watch.stop()
+            if pacer.watch is not None:
+                pacer.watch.stop()
+    context.add_output_metadata(begun.brake.pacing_metadata)
 
 
 def finish(

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, func, select, text, update
 
 from ci_cleanup.drop_canceling_builds.job import drop_canceling_builds
+from ci_cleanup.environments_auto_stop.job import environments_auto_stop
 from ci_cleanup.gitlab import pacing
 from ci_cleanup.gitlab.loop_helpers import Brake, Hooks, loop_until
 from ci_cleanup.gitlab.pacing import Pacer, Readings, Watch, judge
@@ -221,7 +222,7 @@ def test_a_fixed_duty_cycle_still_pauses_and_the_longer_pause_wins():
     signals.next = Readings(autovacuum=True)
     pacer.next_batch_size(100)
     assert brake.hold(0.01, clock.sleep) == approx(pacing.BACKOFF_FIRST_SECONDS)  # the pacer's, longer
-    assert brake.metadata["duty_cycle"] == 0.5 and brake.metadata["pacing"] == "adaptive"
+    assert brake.metadata["duty_cycle"] == 0.5 and brake.pacing_metadata["pacing"] == "adaptive"
 
 
 def test_a_loop_cut_short_by_a_seeds_limit_says_so():
@@ -282,11 +283,12 @@ def test_a_lock_the_job_would_wait_on_makes_it_back_off(stack, engine, redis_cli
         wait_until(lambda: watch_sampled_since(ci, since), "the watch read the lock waits")
     job.join()
 
-    report = op_metadata(ran["result"], "report_dropped_builds")
-    assert report["dropped_count"] == 5 and [row(engine, "ci_builds", i).status for i in builds] == ["failed"] * 5
-    assert report["pacing"] == "adaptive" and report["pacing_slowed_by"]["lock_waited"] == 1
-    assert report["pacing_slowed_by_lock_waited"] == 1 and report["pacing_paused_seconds"] > 0
-    assert "pacing_unreadable" not in report
+    assert op_metadata(ran["result"], "report_dropped_builds")["dropped_count"] == 5
+    assert [row(engine, "ci_builds", i).status for i in builds] == ["failed"] * 5
+    paced = op_metadata(ran["result"], "drop_canceling_builds_in_batches")
+    assert paced["pacing"] == "adaptive" and paced["pacing_slowed_by"]["lock_waited"] == 1
+    assert paced["pacing_slowed_by_lock_waited"] == 1 and paced["pacing_paused_seconds"] > 0
+    assert "pacing_unreadable" not in paced
 
 
 def test_a_lock_the_job_causes_others_makes_it_back_off(stack, engine):
@@ -387,3 +389,48 @@ def test_gitlabs_apdex_from_prometheus_slows_the_run_below_its_slo(stack, engine
         server.shutdown()
     readings = watch.take()
     assert readings.apdex == 0.95 and judge(readings) == {"apdex"}
+
+
+def observed(result) -> list[dict]:
+    return [{k: v.value for k, v in e.event_specific_data.asset_observation.metadata.items()}
+            for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+
+
+def test_a_run_says_how_it_was_paced_and_its_observations_plot_it(stack, engine, redis_client, monkeypatch):
+    builds = [create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+              for _ in range(3)]
+    config = {"ops": {"find_canceling_builds": {"config": {"batch_size": 2}}}}
+    result = run_job(drop_canceling_builds, stack, run_config=config)
+
+    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 3
+    assert [row(engine, "ci_builds", i).status for i in builds] == ["failed"] * 3
+    paced = op_metadata(result, "drop_canceling_builds_in_batches")  # the op that ran the batches
+    assert paced["pacing"] == "adaptive" and "pacing_unreadable" not in paced
+    slowed = paced["pacing_slowed_batches"]
+    assert sum(paced["pacing_slowed_by"].values()) >= slowed and 0 <= paced["pacing_paused_share"] <= 1
+    assert 0 < paced["pacing_batch_size_share_min"] <= paced["pacing_batch_size_share_mean"] <= 1
+    (observation,) = observed(result)
+    assert observation["dropped"] == 3 and observation["pacing_slowed_batches"] == slowed
+    assert {"pacing_paused_seconds", "pacing_batch_size_share"} <= set(observation)
+
+    monkeypatch.setenv(THROTTLE_ENV, "off")
+    more = create(engine, "ci_builds", created_at=naive_ago(hours=2), updated_at=naive_ago(hours=2))
+    result = run_job(drop_canceling_builds, stack, run_config=config)
+    assert op_metadata(result, "report_dropped_builds")["dropped_count"] == 1
+    assert row(engine, "ci_builds", more).status == "failed"
+    assert [k for op in ("drop_canceling_builds_in_batches", "report_dropped_builds")
+            for k in op_metadata(result, op) if k.startswith("pacing")] == []
+    assert [k for o in observed(result) for k in o if k.startswith("pacing")] == []
+
+
+def test_a_run_cut_short_by_a_seeds_limit_says_so_and_the_next_run_goes_on(stack, engine, redis_client):
+    environments = [create(engine, "environments", name=f"review/{n}", slug=f"review-{n}",
+                           auto_stop_at=naive_ago(hours=1), created_at=naive_ago(days=3),
+                           updated_at=naive_ago(days=3)) for n in range(3)]
+    config = {"ops": {"find_auto_stoppable_environments": {"config": {"max_loops": 1, "batch_size": 2}}}}
+    first = op_metadata(run_job(environments_auto_stop, stack, run_config=config), "report_stopped_environments")
+    assert (first["stopped_count"], first["limit_reached"], first["cut_short_by_seed_limit"]) == (2, "loops",
+                                                                                                  {"limit": 1})
+    second = op_metadata(run_job(environments_auto_stop, stack), "report_stopped_environments")  # the seed's 1000
+    assert (second["stopped_count"], second["limit_reached"]) == (1, None) and "cut_short_by_seed_limit" not in second
+    assert [row(engine, "environments", i).state for i in environments] == ["stopped"] * 3

@@ -81,14 +81,19 @@ class Brake:
 
     @property
     def metadata(self) -> dict[str, object]:
-        """What a braked or paced run reports: the duty cycle and its pauses, how the pacing went, and a seed's
-        limit that cut the run short (the next run goes on from there); nothing for a run with none of these."""
-        meta: dict[str, object] = {} if self.pacer is None else self.pacer.metadata
+        """What a braked run reports in its totals: the duty cycle and all the run's pauses, and a seed's limit that
+        cut the run short (the next run goes on from there); nothing for a run with neither."""
+        meta: dict[str, object] = {}
         if self.duty_cycle != 1:
             meta.update(duty_cycle=self.duty_cycle, paused_seconds=round(self.paused_seconds, 3))
         if self.cut_short:
             meta["cut_short_by_seed_limit"] = dict(self.cut_short)
         return meta
+
+    @property
+    def pacing_metadata(self) -> dict[str, object]:
+        """How the run was paced (:attr:`Pacer.metadata`); nothing when pacing is off."""
+        return {} if self.pacer is None else self.pacer.metadata
 
 
 def loop_until(

@@ -53,6 +53,7 @@ SAMPLE_EVERY_SECONDS = 0.2  # lock waits and the cheap read: inside a lock wait 
 HEALTH_EVERY_SECONDS = 1.0  # sessions, WAL, replicas, autovacuum
 APDEX_EVERY_SECONDS = 15.0  # Prometheus' usual scrape interval
 BASELINE_READS = 5  # cheap reads before the first batch: the read's level with the job idle
+READ_WINDOW = 5  # the cheap reads while working that are judged together (the middle one)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Readings:
 
     locks_caused: int = 0  # other sessions waiting on a lock a session of the job holds
     lock_waited: int = 0  # the job's sessions waiting on a lock another holds
-    read_seconds: float | None = None  # the cheap read while the job worked (the middle one since the last batch)
+    read_seconds: float | None = None  # the cheap read while the job worked (the middle one of its window)
     read_baseline: float | None = None  # the same read before the run and while it paused (the middle one)
     active_sessions: int | None = None
     sessions_before: int | None = None  # active sessions before the run
@@ -240,7 +241,9 @@ class Watch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen = Readings()
-        self._working: list[float] = []  # cheap reads since the last batch ended, while the job worked
+        # The last cheap reads while the job worked: a window, so that one read slow by chance fires nothing; emptied
+        # when the run pauses, so that a pause is ended by fresh reads, not by those that caused it.
+        self._working: deque = deque(maxlen=READ_WINDOW)
         self._idle: deque = deque(maxlen=RECENT_BATCHES)  # cheap reads before the run and while it paused
         self._wal: tuple[float, int] | None = None
         self._probe_id = 0
@@ -326,7 +329,11 @@ class Watch:
             return
         seconds = time.perf_counter() - began
         with self._lock:
-            (self._idle.append if idle else self._working.append)(seconds)
+            if idle:
+                self._idle.append(seconds)
+                self._working.clear()
+            else:
+                self._working.append(seconds)
 
     def _sample_health(self, conn: Connection) -> None:
         self._next_health = self.clock() + HEALTH_EVERY_SECONDS
@@ -367,14 +374,13 @@ class Watch:
             return self._seen.locks_caused, self._seen.lock_waited
 
     def take(self) -> Readings:
-        """What was seen since the last call; lock waits and the working reads start again from nothing."""
+        """What was seen since the last call; the lock waits start again from nothing."""
         with self._lock:
-            seen, working, idle = self._seen, self._working, list(self._idle)
+            seen, working, idle = self._seen, list(self._working), list(self._idle)
             self._seen = Readings(sessions_before=seen.sessions_before, active_sessions=seen.active_sessions,
                                   wal_bytes_per_second=seen.wal_bytes_per_second,
                                   replica_lag_seconds=seen.replica_lag_seconds, autovacuum=seen.autovacuum,
                                   apdex=seen.apdex)
-            self._working = []
-        seen.read_seconds = statistics.median(working) if working else None
+        seen.read_seconds = statistics.median(working) if len(working) == READ_WINDOW else None
         seen.read_baseline = statistics.median(idle) if idle else None
         return seen
