@@ -115,12 +115,13 @@ class Pacer:
     batches: int = 0
     slowed_batches: int = 0
     slowed_by: Counter = field(default_factory=Counter)
-    shares: list[float] = field(default_factory=list)  # each batch's share: the pace over the run
+    share_sum: float = 0.0  # the batches' shares added up, and the least: the pace over the run
+    share_min: float = 1.0
     started: float | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
     _sized: threading.local = field(default_factory=threading.local)
     _lock: threading.RLock = field(default_factory=threading.RLock)
-    _window: tuple[int, int, float] = (0, 0, 0.0)  # batches, slowed batches and paused seconds at the last window
+    _window: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)  # batches, slowed, paused, share_sum at the last
 
     def next_batch_size(self, default: int) -> int:
         """The size of the next batch: the seed's ``default`` (the most) times the run's share, at least one."""
@@ -143,7 +144,8 @@ class Pacer:
             elif size is not None:
                 self._recent.append((size, batch_seconds))
             self.batches += 1
-            self.shares.append(self.share)
+            self.share_sum += self.share
+            self.share_min = min(self.share_min, self.share)
             if fired:
                 self._back_off(fired, now)
             else:
@@ -176,12 +178,12 @@ class Pacer:
     def window(self) -> dict[str, float | int]:
         """Since the last call: batches slowed, seconds paused and the mean batch share (an observation's point)."""
         with self._lock:
-            batches, slowed, paused = self._window
-            shares = self.shares[batches:]
-            self._window = (len(self.shares), self.slowed_batches, self.paused_seconds)
-        return {"pacing_slowed_batches": self.slowed_batches - slowed,
-                "pacing_paused_seconds": round(self.paused_seconds - paused, 3),
-                "pacing_batch_size_share": round(statistics.fmean(shares), 3) if shares else 1.0}
+            batches, slowed, paused, share_sum = self._window
+            self._window = (self.batches, self.slowed_batches, self.paused_seconds, self.share_sum)
+            return {"pacing_slowed_batches": self.slowed_batches - slowed,
+                    "pacing_paused_seconds": round(self.paused_seconds - paused, 3),
+                    "pacing_batch_size_share": round((self.share_sum - share_sum) / (self.batches - batches), 3)
+                    if self.batches > batches else 1.0}
 
     @property
     def metadata(self) -> dict[str, object]:
@@ -194,8 +196,8 @@ class Pacer:
                 "pacing": "adaptive",
                 "pacing_paused_seconds": round(paused, 3),
                 "pacing_paused_share": round(paused / elapsed, 3) if elapsed > 0 else 0.0,
-                "pacing_batch_size_share_mean": round(statistics.fmean(self.shares), 3) if self.shares else 1.0,
-                "pacing_batch_size_share_min": round(min(self.shares), 3) if self.shares else 1.0,
+                "pacing_batch_size_share_mean": round(self.share_sum / self.batches, 3) if self.batches else 1.0,
+                "pacing_batch_size_share_min": round(self.share_min, 3),
                 "pacing_slowed_batches": self.slowed_batches,
                 "pacing_slowed_by": dict(sorted(self.slowed_by.items())),
                 **{f"pacing_slowed_by_{signal}": n for signal, n in sorted(self.slowed_by.items())},
