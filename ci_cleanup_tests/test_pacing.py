@@ -76,21 +76,29 @@ def test_with_no_signal_there_is_no_pause_and_the_seeds_size():
     }
 
 
-def test_a_batch_slower_than_its_recent_best_pauses_and_shrinks_the_next():
+def test_batches_slower_than_the_recent_ones_pause_and_shrink_the_next():
     clock, _, pacer = paced()
-    batch(clock, pacer, 0.1)
-    batch(clock, pacer, 0.14)  # within 1.5 × its best: no signal
-    assert batch(clock, pacer, 0.2) == (100, approx(pacing.BACKOFF_FIRST_SECONDS))  # over it
+    assert [batch(clock, pacer, seconds) for seconds in [0.1] * 5 + [0.14, 0.14]] == [(100, 0.0)] * 7  # within 1.5 ×
+    assert batch(clock, pacer, 0.2) == (100, 0.0)  # one slower batch: the last three's middle is still 0.14
+    assert batch(clock, pacer, 0.2) == (100, approx(pacing.BACKOFF_FIRST_SECONDS))  # two: over 1.5 × 0.1 + 0.01
     assert pacer.next_batch_size(100) == 80  # Sidekiq throttling's soft cut
     assert dict(pacer.slowed_by) == {"batch_time": 1}
 
 
+def test_one_slow_batch_or_a_short_run_fires_nothing():
+    clock, _, pacer = paced()
+    assert [batch(clock, pacer, seconds) for seconds in [0.1, 1.0, 1.0]] == [(100, 0.0)] * 3  # too few to judge
+    clock, _, pacer = paced()
+    assert [batch(clock, pacer, seconds) for seconds in [0.1] * 5 + [1.0, 0.1]] == [(100, 0.0)] * 7
+
+
 def test_a_smaller_batch_is_judged_against_batches_no_larger():
     clock, _, pacer = paced()
-    batch(clock, pacer, 0.1)  # 100 rows: its per-row time is the run's best
+    for _ in range(5):
+        batch(clock, pacer, 0.1)  # 100 rows
     pacer.share = 0.5
-    # 50 rows in 0.1 s is twice the best per row, but no batch of 50 or fewer has been seen: no signal
-    assert batch(clock, pacer, 0.1) == (50, 0.0)
+    # 50 rows in 0.1 s is twice the time per row, but no batch of 50 or fewer has been seen: no signal
+    assert [batch(clock, pacer, 0.1) for _ in range(3)] == [(50, 0.0), (55, 0.0), (61, 0.0)]
 
 
 def test_a_lock_wait_the_job_causes_halves_the_batch_at_once():
@@ -253,12 +261,14 @@ def test_pacing_is_on_by_default_off_by_setting_and_a_bad_setting_is_one_line(mo
 
 # On real PostgreSQL: the watch beside a run, and the locks.
 
-def watch_sampled_since(engine, since) -> bool:
-    """Whether the watch finished reading the lock waits after ``since`` (the server's clock)."""
+def watch_sampled_since(engine, since, job_pid: int) -> bool:
+    """Whether the watch (a session of the job's other than ``job_pid``) began a statement over a second after
+    ``since`` (the server's clock): it reads the lock waits first every 0.2 s, so a whole round ran after it."""
     with engine.connect() as conn:
         return bool(conn.scalar(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_blocking_pids(waiter.pid)%' "
-            "AND state = 'idle' AND state_change > :since AND pid <> pg_backend_pid()"), {"since": since}))
+            "SELECT count(*) FROM pg_stat_activity WHERE starts_with(query, :mark) AND pid NOT IN (:job, "
+            "pg_backend_pid()) AND query_start > CAST(:since AS timestamptz) + interval '1 second'"),
+            {"since": since, "job": job_pid, "mark": JOB_MARK}))
 
 
 def wait_until(condition, what: str) -> None:
@@ -278,9 +288,9 @@ def test_a_lock_the_job_would_wait_on_makes_it_back_off(stack, engine, redis_cli
         holder.execute(select(b.c.id).where(b.c.id == builds[2]).with_for_update())  # a row GitLab holds
         job = threading.Thread(target=lambda: ran.update(result=run_job(drop_canceling_builds, stack)))
         job.start()
-        backend_waiting_on_lock(ci, "%WITH picked AS%")  # the job's batch waits on it
+        job_pid = backend_waiting_on_lock(ci, "%WITH picked AS%")  # the job's batch waits on it
         since = holder.scalar(text("SELECT clock_timestamp()"))
-        wait_until(lambda: watch_sampled_since(ci, since), "the watch read the lock waits")
+        wait_until(lambda: watch_sampled_since(ci, since, job_pid), "the watch read the lock waits")
     job.join()
 
     assert op_metadata(ran["result"], "report_dropped_builds")["dropped_count"] == 5

@@ -46,7 +46,9 @@ MIN_SIZE_SHARE = 0.01  # the smallest batch, a share of the seed's (at least one
 BACKOFF_FIRST_SECONDS = 0.1  # the first pause after a signal; doubled while signals keep firing
 BACKOFF_MAX_SECONDS = 30.0  # the longest pause, well inside every lease's renewal and the bucket workers' 5 minutes
 JITTER = 0.5  # each pause is cut by up to this share at random, so workers and runs do not retry in step
-RECENT_BATCHES = 50  # the window of a batch's "recent best"
+RECENT_BATCHES = 50  # the long-term window of the batches' time (Gradient2 compares a short-term one against it)
+SHORT_TERM_BATCHES = 3  # the short-term window: one batch slow by chance fires nothing
+LONG_TERM_MIN_BATCHES = 5  # no judgement on fewer batches than this
 
 # How often the watch reads (one cheap statement each).
 SAMPLE_EVERY_SECONDS = 0.2  # lock waits and the cheap read: inside a lock wait worth noticing
@@ -139,10 +141,10 @@ class Pacer:
         with self._lock:
             now = self.clock()
             fired = judge(readings)
-            if size is not None and self._slow(batch_seconds, size):
-                fired.add("batch_time")
-            elif size is not None:
+            if size is not None:
                 self._recent.append((size, batch_seconds))
+                if self._slow(size):
+                    fired.add("batch_time")
             self.batches += 1
             self.share_sum += self.share
             self.share_min = min(self.share_min, self.share)
@@ -152,13 +154,17 @@ class Pacer:
                 self.backoff, self.share = 0, min(1.0, self.share * GROW)
             return max(0.0, self.resume_at - now)
 
-    def _slow(self, batch_seconds: float, size: int) -> bool:
-        """Slower than ``BATCH_TIME_TOLERANCE`` × its recent best per row, among recent batches no larger (a smaller
-        batch spends more per row: comparing with larger ones would shrink a batch for being small)."""
-        per_row = [seconds / n for n, seconds in self._recent if n <= size]
-        if not per_row:
+    def _slow(self, size: int) -> bool:
+        """The last batches' time (their middle one, per row, at ``size``) over ``BATCH_TIME_TOLERANCE`` × the recent
+        batches' (Gradient2's short-term against long-term). A middle, not a best: a run's last batch finds fewer rows
+        than it asked for and is fast. The long term only of batches no larger: a smaller batch spends more per row,
+        and comparing it with larger ones would shrink it for being small."""
+        long_term = [seconds / n for n, seconds in self._recent if n <= size]
+        if len(long_term) < LONG_TERM_MIN_BATCHES:
             return False
-        return batch_seconds > BATCH_TIME_TOLERANCE * min(per_row) * size + BATCH_TIME_SLACK_SECONDS
+        short_term = [seconds / n for n, seconds in list(self._recent)[-SHORT_TERM_BATCHES:]]
+        return (statistics.median(short_term) * size
+                > BATCH_TIME_TOLERANCE * statistics.median(long_term) * size + BATCH_TIME_SLACK_SECONDS)
 
     def _back_off(self, fired: set[str], now: float) -> None:
         self.slowed_batches += 1
