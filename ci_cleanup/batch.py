@@ -18,7 +18,9 @@ import atexit
 import enum
 import functools
 import gc
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -28,12 +30,16 @@ from dagster import (
     ScheduleDefinition,
     job,
 )
+from sqlalchemy import Table
 
 from . import lease as leases
 from .console import LOGGER_DEFS
 from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
-from .resources import GitLabRedis, RunOptions
+from .gitlab.pacing import Watch
+from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .resources.gitlab_database import JOB_MARK
+from .resources.run_options import APDEX_URL_ENV
 from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
 
 
@@ -116,6 +122,30 @@ def _skip_for_held_lease(context: OpExecutionContext, lease: ExclusiveLease, sto
     context.instance.add_run_tags(context.run_id, tags)
     context.log.info(f"Lease {lease.key} is held by another process; skipping as GitLab's worker does")
     return Start(RunMode.SKIPPED, "lease held", {"lease": lease.redis_key, "lease_ttl_seconds": ttl, **store})
+
+
+@contextmanager
+def paced(
+    context: OpExecutionContext, begun: Start, gitlab_db: GitLabDatabase | None = None, table: Table | None = None,
+) -> Iterator[None]:
+    """Around the process op's batches: the signals of ``table``'s database read for the run's pacer, on a
+    connection of its own (:class:`~ci_cleanup.gitlab.pacing.Watch`; no table: the batches' time alone), and then
+    how the run was paced, on the op's output. Nothing when pacing is off or nothing runs."""
+    pacer = begun.brake.pacer
+    if pacer is None or not begun.runs:
+        yield
+        return
+    with gitlab_db.dedicated_engine(table, 1) if table is not None else nullcontext() as engine:
+        if engine is not None:
+            pacer.watch = Watch(engine, table, JOB_MARK, context.log.warning, os.environ.get(APDEX_URL_ENV) or None)
+            pacer.watch.paused = pacer.paused
+            pacer.watch.start()
+        try:
+            yield
+        finally:
+            if pacer.watch is not None:
+                pacer.watch.stop()
+    context.add_output_metadata(begun.brake.pacing_metadata)
 
 
 def finish(

@@ -91,12 +91,17 @@ class BatchObserver:
 
     A run with no batch at all (nothing to do) is observed too, each of ``keys`` 0: else the plot would skip it,
     and a line through idle runs would read as if they had never happened.
+
+    ``brake``: the run's; each observation then carries its pacing since the last (``pacing_paused_seconds``,
+    ``pacing_batch_size_share``, ``pacing_slowed_batches``), plotted across runs beside the counts.
     """
 
     def __init__(self, context: OpExecutionContext, asset: Sequence[str], columns: Sequence[str] = (),
-                 log_name: str = "rows", every: float | None = None, clock=time.monotonic, keys: Sequence[str] = ()):
+                 log_name: str = "rows", every: float | None = None, clock=time.monotonic, keys: Sequence[str] = (),
+                 brake=None):
         self.context, self.asset, self.columns, self.log_name = context, asset, list(columns), log_name
         self.every, self.clock, self.keys = OBSERVE_EVERY_SECONDS if every is None else every, clock, list(keys)
+        self.brake = brake
         self.observed = False
         self.last = clock()
         self.per_batch: list[dict[str, int]] = []
@@ -126,6 +131,8 @@ class BatchObserver:
         )
         if self.columns:
             metadata[self.log_name] = table(self.rows, self.columns)
+        if self.brake is not None:
+            metadata.update(self.brake.window())
         observe(self.context, self.asset, metadata)
         self.per_batch, self.rows, self.last, self.observed = [], [], self.clock(), True
 

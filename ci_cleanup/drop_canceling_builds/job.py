@@ -10,7 +10,7 @@ from typing import Literal
 from dagster import OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import naive_utc, utc_now
 from ..lease import Lease
@@ -89,7 +89,7 @@ def drop_canceling_builds_in_batches(
     # The service's per-build log line ("Dropping outdated build"), as the observations' table.
     observer = BatchObserver(
         context, ASSET, ["build_id", "runner_id", "status", "failure_reason"], log_name="dropping_outdated_builds",
-        keys=["dropped", "doomed", "changed_concurrently"],
+        keys=["dropped", "doomed", "changed_concurrently"], brake=plan.start.brake,
     )
 
     def on_batch(batch: service.BatchOutcome) -> None:
@@ -103,7 +103,7 @@ def drop_canceling_builds_in_batches(
     def report_error(build_id: int, error: BaseException) -> None:
         track_exception(context, error, build_id=build_id)
 
-    with observer:
+    with observer, paced(context, plan.start, gitlab_db, gitlab_db.schema.ci_builds):
         result = service.drop_canceling_builds(
             gitlab_db.engine_for(gitlab_db.schema.ci_builds), gitlab_db.schema,
             plan.limits, Hooks(on_batch, report_error, plan.start.brake),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
@@ -185,7 +185,8 @@ def drop_canceling_builds(engine: Engine, schema: GitLabSchema, limits: Limits, 
     with autocommit(engine) as conn:
 
         def next_batch() -> bool:
-            batch = drop_batch(conn, schema, limits, hooks, passed_over)
+            sized = replace(limits, batch_size=hooks.batch_size(limits.batch_size))
+            batch = drop_batch(conn, schema, sized, hooks, passed_over)
             if batch.picked_none:
                 return False
             passed_over.extend(batch.changed_concurrently + batch.left)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dagster import Failure, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import missing_unique_index, utc_now
 from ..lease import Lease
@@ -96,7 +96,8 @@ def stop_environments_in_batches(
     if not plan.start.runs:
         return StoppedEnvironments(plan, plan.preview or service.AutoStopResult())
     observer = BatchObserver(context, ASSET, ["environment_id", "outcome"], log_name="environments",
-                             keys=["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"])
+                             keys=["stopped", "stopping", "left_untouched", "failed", "stop_actions_started"],
+                             brake=plan.start.brake)
 
     def on_batch(batch: service.BatchOutcome) -> None:
         observer.add(
@@ -114,7 +115,7 @@ def stop_environments_in_batches(
         track_exception(context, error, environment_id=environment_id)
 
     schema = gitlab_db.schema
-    with observer:
+    with observer, paced(context, plan.start, gitlab_db, schema.environments):
         result = service.auto_stop_environments(
             gitlab_db.engine_for(schema.environments), gitlab_db.engine_for(schema.ci_builds), schema, plan.limits,
             Hooks(on_batch, report_error, plan.start.brake),

@@ -329,7 +329,7 @@ def _loop(main: Engine, ci: Engine, schema: GitLabSchema, limits: Limits, hooks:
 
         def stop_in_batch() -> bool:
             nonlocal cursor
-            batch = stop_next_batch(run, hooks.now(), cursor, limits.batch_size)
+            batch = stop_next_batch(run, hooks.now(), cursor, hooks.batch_size(limits.batch_size))
             if batch.cursor is None:
                 return False
             cursor = batch.cursor

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .pacing import Pacer
 from .schema import utc_now
 
 
@@ -33,11 +34,16 @@ class Brake:
     database makes longer batches, hence longer pauses. ``duty_cycle=1``: no pause.
 
     One brake serves a whole run (the bulk delete's bucket workers share it): it adds up the pauses it made. It also
-    keeps what a run holds between its batches: ``keep`` (the run's lease, renewed) is called after each batch."""
+    keeps what a run holds between its batches: ``keep`` (the run's lease, renewed) is called after each batch.
+    ``pacer``: the run's pacing by the database's health (:mod:`~ci_cleanup.gitlab.pacing`), which also sizes the
+    batches; the pause after a batch is the longer of the two. ``cut_short``: how often a loop of the run ended on
+    a seed's limit (time or loops) with work left."""
 
     duty_cycle: float = 1.0
     paused_seconds: float = 0.0
     keep: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    pacer: Pacer | None = field(default=None, repr=False, compare=False)
+    cut_short: dict[str, int] = field(default_factory=dict, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -52,18 +58,42 @@ class Brake:
         if self.keep is not None:
             self.keep()
         pause = self.pause_after(batch_seconds)
+        if self.pacer is not None:
+            pause = max(pause, self.pacer.after_batch(batch_seconds))
         if pause > 0:
             sleep(pause)
             with self._lock:
                 self.paused_seconds += pause
         return pause
 
+    def next_batch_size(self, default: int) -> int:
+        """The next batch's size: the seed's ``default``, or less while the run's pacing says so."""
+        return default if self.pacer is None else self.pacer.next_batch_size(default)
+
+    def ended(self, end: LoopEnd) -> None:
+        if end.limit_reached:
+            with self._lock:
+                self.cut_short[end.value] = self.cut_short.get(end.value, 0) + 1
+
+    def window(self) -> dict[str, float | int]:
+        """The pacing since the last call, for a run's observation (:class:`~ci_cleanup.runs.BatchObserver`)."""
+        return {} if self.pacer is None else self.pacer.window()
+
     @property
-    def metadata(self) -> dict[str, float]:
-        """What a braked run reports; nothing for a run without a brake."""
-        if self.duty_cycle == 1:
-            return {}
-        return {"duty_cycle": self.duty_cycle, "paused_seconds": round(self.paused_seconds, 3)}
+    def metadata(self) -> dict[str, object]:
+        """What a braked run reports in its totals: the duty cycle and all the run's pauses, and a seed's limit that
+        cut the run short (the next run goes on from there); nothing for a run with neither."""
+        meta: dict[str, object] = {}
+        if self.duty_cycle != 1:
+            meta.update(duty_cycle=self.duty_cycle, paused_seconds=round(self.paused_seconds, 3))
+        if self.cut_short:
+            meta["cut_short_by_seed_limit"] = dict(self.cut_short)
+        return meta
+
+    @property
+    def pacing_metadata(self) -> dict[str, object]:
+        """How the run was paced (:attr:`Pacer.metadata`); nothing when pacing is off."""
+        return {} if self.pacer is None else self.pacer.metadata
 
 
 def loop_until(
@@ -75,6 +105,16 @@ def loop_until(
 
     As GitLab's: the time is checked after each call, so a call is never cut short, and a slow first one still runs.
     """
+    end = _loop(body, timeout, limit, brake, clock, sleep)
+    if brake is not None:
+        brake.ended(end)
+    return end
+
+
+def _loop(
+    body: Callable[[], bool], timeout: float | None, limit: int, brake: Brake | None, clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> LoopEnd:
     started = began = clock()
     for _ in range(limit):
         if not body():
@@ -99,6 +139,10 @@ class Hooks:
     now: Callable[[], dt.datetime] = utc_now
     clock: Callable[[], float] = time.monotonic
     stop: threading.Event | None = None  # set: the run is being terminated; no batch starts after it
+
+    def batch_size(self, default: int) -> int:
+        """The size of the next batch: the seed's ``default`` (the most), or less while the run's pacing says so."""
+        return default if self.brake is None else self.brake.next_batch_size(default)
 
 
 NO_HOOKS = Hooks()  # a service called with nothing to call back (tests, the benchmark)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dagster import DagsterInstance, OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..lease import Lease
@@ -143,7 +143,7 @@ def prune_runs(context: OpExecutionContext, plan: PrunePlan) -> Pruned:
     def on_batch(run_ids: list[str], events: int) -> None:
         observe(context, ASSET, {"runs_deleted": len(run_ids), "events_deleted": events})
 
-    with pooled(context.instance) as instance:
+    with pooled(context.instance) as instance, paced(context, plan.start):  # its batches' time alone
         result = service.prune_history(instance, plan.limits, Hooks(on_batch, brake=plan.start.brake))
     if result.resumed_run_ids:
         resumed = len(result.resumed_run_ids)

@@ -301,7 +301,7 @@ def prune_history(instance: DagsterInstance, limits: Limits, hooks: Hooks = NO_H
     deleted. ``hooks.on_batch`` gets each batch's run ids and its events deleted.
     """
     result = PruneResult(resumed_run_ids=resume_interrupted_batch(instance))
-    steps = _steps(instance, limits.cutoffs, limits.batch_size, result, hooks.on_batch)
+    steps = _steps(instance, limits.cutoffs, lambda: hooks.batch_size(limits.batch_size), result, hooks.on_batch)
     end = loop_until(lambda: next(steps, False), timeout=limits.max_runtime.total_seconds(), brake=hooks.brake,
                      clock=hooks.clock)
     result.time_limit_reached = end is LoopEnd.TIMEOUT
@@ -309,7 +309,7 @@ def prune_history(instance: DagsterInstance, limits: Limits, hooks: Hooks = NO_H
 
 
 def _steps(
-    instance: DagsterInstance, cutoffs: Cutoffs, batch_size: int, result: PruneResult,
+    instance: DagsterInstance, cutoffs: Cutoffs, batch_size: Callable[[], int], result: PruneResult,
     on_batch: Callable[[list[str], int], None],
 ) -> Iterator[bool]:
     """The prune's work, one step per ``next``: each day's totals written, then each batch of old runs deleted."""
@@ -322,7 +322,7 @@ def _steps(
         return  # no finished run older than the cut-off
     until = dt.datetime(last.year, last.month, last.day, tzinfo=dt.UTC) + _ONE_DAY
     for runs_filter in _filters(cutoffs, until):
-        while records := oldest_first(instance, runs_filter, batch_size):
+        while records := oldest_first(instance, runs_filter, batch_size()):
             run_ids = [r.dagster_run.run_id for r in records]
             events = delete_batch(instance, run_ids)
             result.runs_deleted += len(run_ids)

@@ -73,6 +73,9 @@ def database_url(url: str, variable: str = "CI_CLEANUP_DATABASE_URL"):
 
 
 CI_DATABASE_ENV = "CI_CLEANUP_CI_DATABASE_URL"
+# Leads every statement of the jobs, as GitLab's Marginalia comments do: pg_stat_activity then shows which sessions
+# are a job's (how pacing tells the locks they hold), with no session setting for a pooler to pass on.
+JOB_MARK = "/*application:ci_cleanup*/"
 _VARIABLES = {MAIN_DATABASE: "CI_CLEANUP_DATABASE_URL", CI_DATABASE: CI_DATABASE_ENV}
 _DATABASE_NAMES = {MAIN_DATABASE: "the GitLab database (PostgreSQL)", CI_DATABASE: "GitLab's ci database (PostgreSQL)"}
 
@@ -201,7 +204,7 @@ class GitLabDatabase(ConfigurableResource):
             database_url(self._urls[database], _VARIABLES[database]),
             pool_size=pool_size, max_overflow=0, pool_pre_ping=True, hide_parameters=True,
         )
-        limit = f"SET LOCAL statement_timeout = {int(self.statement_timeout_seconds * 1000)}; "
+        limit = JOB_MARK + f" SET LOCAL statement_timeout = {int(self.statement_timeout_seconds * 1000)}; "
 
         @event.listens_for(engine, "before_cursor_execute", retval=True)
         def _limit_statement(_conn, _cursor, statement, parameters, _context, _executemany):

@@ -8,10 +8,14 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from ..gitlab.loop_helpers import Brake
+from ..gitlab.pacing import Pacer
 from .gitlab_database import GitLabDatabase
 from .gitlab_redis import GitLabRedis
 
 DUTY_CYCLE_ENV = "CI_CLEANUP_DUTY_CYCLE"
+THROTTLE_ENV = "CI_CLEANUP_THROTTLE"
+THROTTLES = ("adaptive", "off")
+APDEX_URL_ENV = "CI_CLEANUP_PROMETHEUS_APDEX_URL"  # only from the environment: a URL may hold credentials
 
 
 class RunOptions(ConfigurableResource):
@@ -31,15 +35,34 @@ class RunOptions(ConfigurableResource):
                     "\"The brake\"",
     )
 
+    throttle: str | None = Field(
+        default=None,
+        description="Pacing by the database's health: 'adaptive' (after each batch a pause and the next batch's "
+                    f"size from its signals) or 'off'. Unset: env {THROTTLE_ENV}, else adaptive. "
+                    "docs/configuration.md, \"Pacing\"",
+    )
+
     def brake(self) -> Brake:
-        """A new brake for one run: ``duty_cycle``, else the environment's (the schedules' runs), else none."""
+        """A new brake for one run: ``duty_cycle``, else the environment's (the schedules' runs), else none; with
+        the run's pacer unless pacing is off."""
+        return Brake(self._duty_cycle(), pacer=Pacer() if self._throttle() == "adaptive" else None)
+
+    def _duty_cycle(self) -> float:
         if self.duty_cycle is not None:
-            return Brake(self.duty_cycle)
+            return Brake(self.duty_cycle).duty_cycle  # refused out of (0, 1], in one line
         raw = os.environ.get(DUTY_CYCLE_ENV, "").strip()
         try:
-            return Brake(float(raw) if raw else 1.0)
+            return Brake(float(raw) if raw else 1.0).duty_cycle
         except ValueError:  # not a number, or out of (0, 1]
             raise ValueError(f"{DUTY_CYCLE_ENV} must be a number above 0 and at most 1, not {raw!r}") from None
+
+    def _throttle(self) -> str:
+        raw = self.throttle if self.throttle is not None else os.environ.get(THROTTLE_ENV, "")
+        throttle = raw.strip().lower() or "adaptive"
+        if throttle not in THROTTLES:
+            where = "run_options.throttle" if self.throttle is not None else THROTTLE_ENV
+            raise ValueError(f"{where} must be adaptive or off, not {raw!r}")
+        return throttle
 
 
 def job_resources(

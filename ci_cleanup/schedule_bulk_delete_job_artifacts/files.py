@@ -305,7 +305,8 @@ def delete_expired_artifact_files(
 
     def batch() -> bool:
         nonlocal after
-        done, after = destroy_batch(conn, schema, storages, started, after, limits.batch_size, hooks.report_error)
+        done, after = destroy_batch(
+            conn, schema, storages, started, after, hooks.batch_size(limits.batch_size), hooks.report_error)
         if after is None:
             return False
         result.add(done)

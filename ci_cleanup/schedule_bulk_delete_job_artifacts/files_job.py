@@ -13,7 +13,7 @@ from pathlib import Path
 from dagster import OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab import object_storage
 from ..gitlab.config_files import ENV_CONFIG_DIR
 from ..gitlab.loop_helpers import Hooks
@@ -162,7 +162,9 @@ def remove_expired_artifact_files(
         track_exception(context, error, ci_deleted_object_id=row_id)
 
     store = object_storage.artifacts_object_store() if plan.object_store else None
-    with BatchObserver(context, DELETED_OBJECTS, keys=list(WOULD)) as observer, _storages(plan.root, store) as storages:
+    with (BatchObserver(context, DELETED_OBJECTS, keys=list(WOULD), brake=plan.start.brake) as observer,
+          _storages(plan.root, store) as storages,
+          paced(context, plan.start, gitlab_db, gitlab_db.schema.ci_deleted_objects)):
         return FilesRemoved(plan, files.delete_expired_artifact_files(
             gitlab_db.engine_for(gitlab_db.schema.ci_deleted_objects), gitlab_db.schema, storages, plan.limits,
             Hooks(lambda batch: observer.add(_files_counts(batch)), report_error, plan.start.brake),

@@ -22,7 +22,7 @@ from typing import Literal
 from dagster import OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, skipped, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, skipped, start
 from ..gitlab import artifact_buckets, feature_flags, limited_capacity
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
@@ -176,12 +176,13 @@ def run_bucket_workers(
         return BucketWorkersDone(plan, [])
     workers, schema = plan.buckets.max_buckets, gitlab_db.schema
     observer = BatchObserver(context, ARTIFACTS, ["mod_bucket", "artifact_id"], log_name="destroyed_job_artifacts",
-                             keys=["destroyed_job_artifacts_count", "size", "deleted_objects"])
+                             keys=["destroyed_job_artifacts_count", "size", "deleted_objects"], brake=plan.start.brake)
     # Each worker holds a connection for its whole run: an engine of exactly that many for this op. It reads GitLab's
     # flags in main and deletes in ci: a connection to each when decomposed; on one database, each batch reads them.
     artifacts = gitlab_db.dedicated_engine(schema.ci_job_artifacts, workers)
     flags = gitlab_db.dedicated_engine(schema.feature_gates, workers) if gitlab_db.decomposed else nullcontext()
-    with observer, artifacts as engine, flags as flags_engine:
+    paced_run = paced(context, plan.start, gitlab_db, schema.ci_job_artifacts)
+    with observer, artifacts as engine, flags as flags_engine, paced_run:
 
         def perform_work(bucket: int, hand_over, stop) -> service.WorkerResult:
             return service.run_bucket_worker(

@@ -205,7 +205,8 @@ def _delete_batches(
             flags = read_flags(flags_conn, schema, limits.flag_rule)
             if not result.goes_on(flags):
                 return False
-        deleted = delete_batch(conn, schema, result.mod_bucket, hooks.now(), limits.batch_size, after,
+        size = hooks.batch_size(limits.batch_size)
+        deleted = delete_batch(conn, schema, result.mod_bucket, hooks.now(), size, after,
                                None if flags_conn is None else flags, limits.flag_rule)
         flags = deleted.flags
         if not result.goes_on(flags):  # the batch read them and deleted nothing
@@ -213,7 +214,7 @@ def _delete_batches(
         result.add(deleted)
         after = deleted.last
         hooks.on_batch(result.mod_bucket, deleted)
-        result.artifacts_empty = deleted.count < limits.batch_size
+        result.artifacts_empty = deleted.count < size
         return not result.artifacts_empty
 
     loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=hooks.brake)

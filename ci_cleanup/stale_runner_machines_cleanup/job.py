@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from dagster import OpExecutionContext, op
 from pydantic import Field, model_validator
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, RunOptions
@@ -96,12 +96,12 @@ def delete_stale_runner_machines_in_sub_batches(
     if not plan.start.runs:
         return CleanupDone(plan, service.CleanupResult(max_deletions=plan.limits.max_deletions))
     observer = BatchObserver(context, ASSET, ["runner_machine_id"], log_name="deleted_runner_machines",
-                             keys=["deleted"])
+                             keys=["deleted"], brake=plan.start.brake)
 
     def on_sub_batch(deleted_ids: list[int]) -> None:
         observer.add({"deleted": len(deleted_ids)}, ({"runner_machine_id": i} for i in deleted_ids))
 
-    with observer:
+    with observer, paced(context, plan.start, gitlab_db, gitlab_db.schema.ci_runner_machines):
         result = service.delete_stale_runner_managers(
             gitlab_db.engine_for(gitlab_db.schema.ci_runner_machines), gitlab_db.schema, plan.limits,
             Hooks(on_sub_batch, brake=plan.start.brake),

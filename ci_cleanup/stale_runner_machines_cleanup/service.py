@@ -90,7 +90,8 @@ def delete_stale_runner_managers(
         def sub_batch() -> bool:
             # The last pass never overshoots the cap.
             deleted = delete_sub_batch(
-                conn, schema, deadline, min(limits.sub_batch_limit, limits.max_deletions - result.total_deleted))
+                conn, schema, deadline,
+                min(hooks.batch_size(limits.sub_batch_limit), limits.max_deletions - result.total_deleted))
             result.batch_counts.append(len(deleted))
             result.total_deleted += len(deleted)
             hooks.on_batch(deleted)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dagster import OpExecutionContext, op
 from pydantic import Field
 
-from ..batch import RunMode, Start, batch_job, find_process_report, finish, start
+from ..batch import RunMode, Start, batch_job, find_process_report, finish, paced, start
 from ..gitlab.loop_helpers import Hooks
 from ..gitlab.schema import utc_now
 from ..resources import GitLabDatabase, GitLabRedis, RunOptions
@@ -92,7 +92,7 @@ def fail_stuck_export_jobs_in_chunks(
         return FailedExportJobs(plan, plan.preview or service.StuckResult())
     # Each chunk's numbers and failed jobs, observed on the table at a bounded rate.
     observer = BatchObserver(context, ASSET, ["project_export_job_id", "jid"], log_name="failed_export_jobs",
-                             keys=["enqueued", "running", "failed"])
+                             keys=["enqueued", "running", "failed"], brake=plan.start.brake)
 
     def on_chunk(chunk: service.StuckChunk, outcome: service.FailOutcome | None) -> None:
         if outcome is not None:
@@ -105,7 +105,7 @@ def fail_stuck_export_jobs_in_chunks(
         track_exception(context, error, project_export_job_id=job_id)
 
     schema = gitlab_db.schema
-    with observer:
+    with observer, paced(context, plan.start, gitlab_db, schema.project_export_jobs):
         result = service.mark_stuck_jobs_as_failed(
             gitlab_db.engine_for(schema.project_export_jobs), schema, gitlab_redis.sidekiq_status, plan.limits,
             Hooks(on_chunk, report_error, plan.start.brake),

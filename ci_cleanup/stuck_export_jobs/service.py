@@ -265,7 +265,7 @@ def _chunks(
 
         def next_chunk() -> bool:
             nonlocal after_id
-            candidates = enqueued_exports(conn, schema, after_id, limits.chunk_size, walk=limits.walk)
+            candidates = enqueued_exports(conn, schema, after_id, hooks.batch_size(limits.chunk_size), walk=limits.walk)
             if not candidates:
                 return False
             chunk, completed = ask_sidekiq(queues, candidates)
