@@ -3,13 +3,16 @@
 Dagster's config schema has types and no bounds: pydantic's ``Field(ge=…, le=…)`` on a ``Config`` is left out of it,
 so the Launchpad and ``dagster job execute`` accept ``batch_size: 0`` and the bound is checked when the op's config
 is built, as the op starts and before it reads or writes anything. There pydantic's error is several lines naming
-its own types: :class:`BoundedConfig` raises it as one ``ValueError`` line instead, the run's failure message.
+its own types: :class:`BoundedConfig` fails the run with one ``ValueError: …`` line instead, its failure message,
+printed without stack traces as a resource's bad setting is (``resources.errors.one_line_error``).
 """
 
 from __future__ import annotations
 
 from dagster import Config
 from pydantic import ValidationError
+
+from .resources.errors import one_line_error
 
 # pydantic's error types for Field(ge=, gt=, le=, lt=), and how the bound reads
 BOUNDS = {
@@ -51,4 +54,4 @@ class BoundedConfig(Config):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise ValueError(one_line(error)) from None
+            raise one_line_error(f"ValueError: {one_line(error)}", "ValueError") from None

@@ -73,9 +73,14 @@ def starting(context: InitResourceContext, resource: ConfigurableResource | None
         if isinstance(error, NotConfigured) and resource is not None:
             error = NotConfigured("; ".join([str(error), *_also_not_configured(context, resource)]))
         # Named as the package exports it (ci_cleanup.resources.NotConfigured), not by the module defining it.
-        line = f"{__package__}.{type(error).__name__}: {error}"
-        info = SerializableErrorInfo(line, [], type(error).__name__)
-        raise DagsterUserCodeProcessError(info.message.strip(), user_code_process_error_infos=[info]) from None
+        raise one_line_error(f"{__package__}.{type(error).__name__}: {error}", type(error).__name__) from None
+
+
+def one_line_error(line: str, kind: str) -> DagsterUserCodeProcessError:
+    """An error Dagster records and prints as ``line`` alone (the run's failure message, the console, the UI): the way
+    it passes on an error from another process, without stack traces that would say nothing more."""
+    info = SerializableErrorInfo(f"{line}\n", [], kind)
+    return DagsterUserCodeProcessError(line, user_code_process_error_infos=[info])
 
 
 def _also_not_configured(context: InitResourceContext, resource: ConfigurableResource) -> list[str]:
