@@ -38,6 +38,7 @@ from .gitlab.exclusive_lease import ExclusiveLease
 from .gitlab.loop_helpers import Brake
 from .gitlab.pacing import Watch
 from .resources import GitLabDatabase, GitLabRedis, RunOptions
+from .resources.errors import one_line_error
 from .resources.gitlab_database import JOB_MARK
 from .resources.run_options import APDEX_URL_ENV
 from .runs import DRY_RUN_TAG, LEASE_WITHOUT_TTL_TAG, SKIPPED_TAG, report_run
@@ -94,7 +95,10 @@ def freeze_startup_objects() -> None:
 def start(context: OpExecutionContext, run_options: RunOptions, gitlab_redis: GitLabRedis | None = None) -> Start:
     """Dry run, or take the job's lease (when it declares one): a held lease skips the run, as in GitLab."""
     freeze_startup_objects()
-    brake = run_options.brake()  # a bad CI_CLEANUP_DUTY_CYCLE fails every run, a dry run too
+    try:
+        brake = run_options.brake()  # a bad CI_CLEANUP_DUTY_CYCLE fails every run, a dry run too
+    except ValueError as error:  # a setting out of range: the run's one line, as BoundedConfig's
+        raise one_line_error(f"ValueError: {error}", "ValueError") from None
     lease = leases.of_job(context.job_name)
     store = gitlab_redis.store_used("leases") if lease is not None else {}
     if run_options.dry_run:
