@@ -57,7 +57,8 @@ from .harness import scratch_database_of
 from .runner import op_metadata, run_job, step_failure_message
 
 # A 17.0 as the issue met it (not vendored): 17.x's schema without what 17.0 lacked, its runner machines 16.0's
-# plain table (GitLab partitioned them by runner_type later in 17.x).
+# plain table (GitLab partitioned them by runner_type later in 17.x). It keeps what 17.0's migrations added, e.g.
+# ci_running_builds.runner_owner_namespace_xid, by which the jobs know 17.0's Environment#stop_actions.
 GITLAB_17_0 = "17.0-like"
 LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "18.x": "partitioned",
            "18.y": "partitioned_dynamic", "19.x": "partitioned_dynamic"}
@@ -408,9 +409,10 @@ def test_environments_auto_stop_queues_each_stop_action_for_the_runners_gitlab_w
 
 def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_releases_gitlab_would(db):
     """Environment#stop_actions: from GitLab 17.0 the last finished deployment's pipeline (success, failed or
-    canceled: Deployment.last_finished_deployment_group_for_environment), before it the last successful one's
-    (last_deployment_group). Told apart by 17.1's project_relation_exports.project_id: 17.0-like reads as before."""
-    finished_rule = db.has("relation_exports_project_id")
+    canceled: Deployment.last_finished_deployment_group_for_environment; 16.9-16.11 had it behind a flag, off by
+    default, that 17.0 removed), before it the last successful one's (last_deployment_group). 17.0-like plays the
+    failed one's."""
+    finished_rule = db.base != "16.0"
     with db.engine_of("projects").begin() as conn:
         add_projects(conn, [7])
     env = db.insert("environments", project_id=7, name="review", slug="review", state="available",
@@ -431,6 +433,8 @@ def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_rele
         (stop, "pending" if stop == played else "manual") for stop in stops.values())
     assert db.rows("SELECT build_id FROM ci_pending_builds") == [(played,)]
     assert db.rows("SELECT state FROM environments") == [("stopping",)]
+    # The marker the job tells them apart by: 17.0's migration AddRunnerOwnerNamespaceIdColumnToCiRunningBuilds.
+    assert db.has("running_builds_runner_owner_namespace_xid") == finished_rule
 
 
 CREATED = ago(days=1)

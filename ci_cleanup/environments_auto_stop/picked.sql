@@ -21,9 +21,10 @@ LEFT JOIN LATERAL (
   FROM deployments
   WHERE deployments.environment_id = environments.id
     -- Environment#stop_actions from GitLab 17.0: the last finished deployment (success 2, failed 3, canceled 4);
-    -- before, the last successful one. Told apart by 17.1's project_relation_exports.project_id (gitlab-releases.md).
-    AND deployments.status IN (2, 3, 4)  -- if project_relation_exports.project_id
-    AND deployments.status = 2  -- unless project_relation_exports.project_id
+    -- before, the last successful one. Told apart by 17.0's ci_running_builds.runner_owner_namespace_xid
+    -- (gitlab-releases.md).
+    AND deployments.status IN (2, 3, 4)  -- if ci_running_builds.runner_owner_namespace_xid
+    AND deployments.status = 2  -- unless ci_running_builds.runner_owner_namespace_xid
   ORDER BY deployments.id DESC
   LIMIT 1
 ) AS last_deployment ON true

@@ -74,10 +74,11 @@ def seed(
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
 # Environment#stop_actions' deployment: the last finished one (success 2, failed 3, canceled 4) from GitLab 17.0, the
-# last successful one before; told apart as the job tells them apart (17.1's project_relation_exports.project_id).
+# last successful one before; told apart as the job tells them apart (17.0's
+# ci_running_builds.runner_owner_namespace_xid).
 STOP_DEPLOYMENT_STATUSES = """ANY(CASE WHEN EXISTS (
-    SELECT FROM pg_attribute WHERE attrelid = to_regclass('project_relation_exports') AND attname = 'project_id'
-      AND NOT attisdropped) THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"""
+    SELECT FROM pg_attribute WHERE attrelid = to_regclass('ci_running_builds')
+      AND attname = 'runner_owner_namespace_xid' AND NOT attisdropped) THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"""
 
 
 ENVS_MAX_LOOPS = 10_000
