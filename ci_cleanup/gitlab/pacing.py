@@ -25,6 +25,8 @@ from sqlalchemy import Table, func, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from .sql_files import SqlFile
+
 # Thresholds, each named after where it comes from (docs/configuration.md, "Pacing").
 BATCH_TIME_TOLERANCE = 1.5  # Netflix Gradient2's default tolerance: short-term latency over long-term
 BATCH_TIME_SLACK_SECONDS = 0.01  # a batch this little over its expected time is noise, not contention
@@ -228,19 +230,7 @@ ACTIVE_SESSIONS = text("""
 SELECT count(*) FROM pg_stat_activity
 WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()
   AND NOT coalesce(starts_with(query, :job), false)""")
-# GitLab's PENDING_WAL_COUNT_SQL: the current WAL file's log and segment numbers less the last archived one's (16 MB
-# segments, 256 a log). No queue with archive_mode off; NULL while nothing was archived yet: then left out.
-WAL_ARCHIVE_QUEUE = text("""
-WITH numbers AS (
-  SELECT ('x' || substring(current_wal, 9, 8))::bit(32)::int AS log,
-         ('x' || substring(current_wal, 17, 8))::bit(32)::int AS seg,
-         ('x' || substring(last_archived_wal, 9, 8))::bit(32)::int AS archived_log,
-         ('x' || substring(last_archived_wal, 17, 8))::bit(32)::int AS archived_seg
-  FROM pg_stat_archiver, pg_walfile_name(pg_current_wal_insert_lsn()) AS current_wal
-)
-SELECT CASE WHEN current_setting('archive_mode') = 'off' THEN 0
-            ELSE (log - archived_log) * 256 + seg - archived_seg END
-FROM numbers""")
+WAL_ARCHIVE_QUEUE = text(SqlFile(__package__, "wal_archive_queue.sql").source)
 REPLICA_LAG = text("SELECT coalesce(max(extract(epoch FROM replay_lag)), 0) FROM pg_stat_replication")
 AUTOVACUUM = text("SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = ANY(CAST(:relids AS oid[]))")
 RELIDS = text("SELECT array_agg(relid::oid::bigint) FROM pg_partition_tree(CAST(:table AS regclass))")
