@@ -270,6 +270,24 @@ def test_a_retried_jobs_deployment_is_not_of_the_group(stack, engine, redis_clie
     assert (result["stopping_ids"], result["stop_actions_started"]) == ([env_id], 1)
 
 
+def test_the_last_deployment_is_the_last_to_finish_not_the_last_created(stack, engine, redis_client):
+    """Deployment.ordered is finished_at DESC: a pipeline that deployed first but finished last (another one overtook
+    it) gives the stop actions, not the deployment created last."""
+    env_id = environment(engine)
+    _, stop_slow = deployed(engine, env_id, 50, "stop_slow")  # created first, finished last
+    _, stop_fast = deployed(engine, env_id, 51, "stop_fast")  # created last, finished first
+    with on(engine, "deployments").begin() as conn:
+        conn.execute(text("UPDATE deployments SET finished_at = :at WHERE on_stop = :on_stop"),
+                     [{"at": ago(minutes=1), "on_stop": "stop_slow"}, {"at": ago(minutes=30), "on_stop": "stop_fast"}])
+
+    result = report(run_job(environments_auto_stop, stack))
+
+    assert row(engine, "environments", env_id).state == "stopping"
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [stop_slow]
+    assert row(engine, "ci_builds", stop_fast).status == "manual"
+    assert (result["stopping_ids"], result["stop_actions_started"]) == ([env_id], 1)
+
+
 def project_review_app(engine, project_id: int) -> tuple[int, int]:
     """A review app of project ``project_id``, its environment, deployment and builds all the project's."""
     env_id = environment(engine, project_id=project_id)

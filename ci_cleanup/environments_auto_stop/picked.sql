@@ -24,7 +24,9 @@ LEFT JOIN LATERAL (
     -- (gitlab-releases.md).
     AND deployments.status IN (2, 3, 4)  -- if ci_running_builds.runner_owner_namespace_xid
     AND deployments.status = 2  -- unless ci_running_builds.runner_owner_namespace_xid
-  ORDER BY deployments.id DESC
+  -- Deployment.ordered, as GitLab's has_one: the latest finished_at (NULL first, as PostgreSQL sorts it DESC); the
+  -- id breaks a tie that GitLab leaves to the plan.
+  ORDER BY deployments.finished_at DESC, deployments.id DESC
   LIMIT 1
 ) AS last_deployment ON true
 -- Ci::PendingBuild.args_from_build's part from the project (GitLab's main database), for the stop actions' queue

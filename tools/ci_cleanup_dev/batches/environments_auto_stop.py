@@ -119,7 +119,7 @@ def envs_raw(engine, client, on_batch):
             with_actions = set(conn.scalars(text(f"""
                 SELECT DISTINCT e.id FROM environments e JOIN LATERAL (SELECT deployable_id FROM deployments d
                   WHERE d.environment_id = e.id AND d.status = {STOP_DEPLOYMENT_STATUSES}
-                  ORDER BY d.id DESC LIMIT 1) last ON true
+                  ORDER BY d.finished_at DESC, d.id DESC LIMIT 1) last ON true
                 {GROUP_STOP_ACTIONS}
                 WHERE e.id = ANY(:ids)"""), {"ids": ids}))
             stop = text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
@@ -139,7 +139,7 @@ def envs_per_row(engine, client, on_batch):
         if env is None:
             return 0
         last = text(f"SELECT deployable_id, on_stop FROM deployments WHERE environment_id = :id "
-                    f"AND status = {STOP_DEPLOYMENT_STATUSES} ORDER BY id DESC LIMIT 1")
+                    f"AND status = {STOP_DEPLOYMENT_STATUSES} ORDER BY finished_at DESC, id DESC LIMIT 1")
         conn.execute(last, {"id": env_id}).first()
         stop = text(f"UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive "
                     f"WHERE id = :id AND {DUE}")
@@ -174,7 +174,7 @@ actions AS (
   LEFT JOIN project ON project.id = e.project_id
   JOIN LATERAL (SELECT deployable_id FROM deployments d
                 WHERE d.environment_id = e.id AND d.status = {statuses}
-                ORDER BY d.id DESC LIMIT 1) last ON true
+                ORDER BY d.finished_at DESC, d.id DESC LIMIT 1) last ON true
   {group_stop_actions}),
 stopping AS (
   UPDATE environments SET state = 'stopping', updated_at = %(now_naive)s
@@ -257,7 +257,8 @@ def _environment_cases(conn, client: redis.Redis, before: dict[str, int]) -> Non
                deployable.created_at, 'manual', true
         FROM environments e
         JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d WHERE d.environment_id = e.id
-                        AND d.status = {STOP_DEPLOYMENT_STATUSES} ORDER BY d.id DESC LIMIT 1) d ON true
+                        AND d.status = {STOP_DEPLOYMENT_STATUSES}
+                      ORDER BY d.finished_at DESC, d.id DESC LIMIT 1) d ON true
         JOIN p_ci_builds deployable ON deployable.id = d.deployable_id
         WHERE e.id > :before AND e.id % 10 = 0
         ORDER BY deployable.commit_id
