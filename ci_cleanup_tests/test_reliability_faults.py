@@ -810,6 +810,8 @@ ALLOWED_SQL_FORMATTING = {
     ("batches/stuck_export_jobs.py", "ENQUEUED"),
     # the deployment statuses Environment#stop_actions reads on the release met: a constant SQL expression
     ("batches/environments_auto_stop.py", "STOP_DEPLOYMENT_STATUSES"),
+    # the deployment group's joins (its jobs' statuses on the release met): constant SQL, no value in it
+    ("batches/environments_auto_stop.py", "GROUP_STOP_ACTIONS"),
     # bench --traffic: table and column names of the bench's own tables, and its own sequence and schema constants
     ("bench/traffic.py", "partition"),
     ("bench/traffic.py", "table"),
