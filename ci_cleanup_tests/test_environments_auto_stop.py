@@ -116,11 +116,13 @@ def test_each_batch_statement_sent_is_its_sql_file(stack, engine, dry_run):
     def file(sql_file, in_ci=False):
         return ("ci" if in_ci and decomposed else "main", sql_file.sent(S, on(engine, "environments").dialect))
 
+    group = [file(service.FIND_GROUP_JOBS, in_ci=True), file(service.FIND_GROUP)]  # the deployment group's reads
     if dry_run:
-        batch = [file(service.FIND_BATCH), file(service.FIND_STOP_ACTIONS, in_ci=True)]
+        batch = [file(service.FIND_BATCH), *group, file(service.FIND_STOP_ACTIONS, in_ci=True)]
         assert sent == [*batch, file(service.FIND_BATCH)]  # the last: none left
     elif decomposed:
-        batch = [file(service.PICK_BATCH), file(service.PLAY_STOP_ACTIONS, in_ci=True), file(service.WRITE_STATES)]
+        batch = [file(service.PICK_BATCH), *group, file(service.PLAY_STOP_ACTIONS, in_ci=True),
+                 file(service.WRITE_STATES)]
         assert sent == [*batch, file(service.PICK_BATCH)]
     else:
         assert sent == [file(service.STOP_BATCH), file(service.STOP_BATCH)]
@@ -132,8 +134,8 @@ def test_each_batch_statement_sent_is_its_sql_file(stack, engine, dry_run):
 
 def test_a_refused_batch_is_done_again_environment_by_environment_with_the_same_sql_files(stack, engine):
     good, (app, stop), bad = environment(engine), review_app(engine), environment(engine)
-    files = {f.sent(S, engine.dialect) for f in (service.STOP_BATCH, service.PICK_BATCH, service.PLAY_STOP_ACTIONS,
-                                                 service.WRITE_STATES)}
+    files = {f.sent(S, engine.dialect) for f in (service.STOP_BATCH, service.PICK_BATCH, service.FIND_GROUP_JOBS,
+                                                 service.FIND_GROUP, service.PLAY_STOP_ACTIONS, service.WRITE_STATES)}
 
     with updates_refused(engine, "environments", f"NEW.id = {bad}", "environment is broken"):
         sent = batch_statements_sent(engine, service.Flags())
@@ -217,6 +219,55 @@ def test_stop_actions_come_from_the_last_finished_deployment(stack, engine, redi
     assert row(engine, "environments", env_id).state == "stopping"
     assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [failed_stop]
     assert ids(engine, "ci_builds", S.ci_builds.c.status == "manual") == [old_stop, bridge, running_stop]
+
+
+def deployed(engine, env_id: int, pipeline: int, on_stop: str, *, status="success", retried=None) -> tuple[int, int]:
+    """A deploy job of ``pipeline`` to ``env_id`` (its deployment's status the job's) and its manual stop action
+    ``on_stop``, in ``pipeline`` too: (deploy job, stop action)."""
+    deploy = create(engine, "ci_builds", commit_id=pipeline, name=f"deploy_{on_stop}", status=status, retried=retried)
+    stop = create(engine, "ci_builds", commit_id=pipeline, name=on_stop, status="manual", queued_at=None)
+    create(engine, "deployments", environment_id=env_id, deployable_id=deploy, on_stop=on_stop,
+           status={"success": 2, "failed": 3, "running": 1}[status], finished_at=None if status == "running" else ago())
+    return deploy, stop
+
+
+def test_stop_actions_are_those_of_the_last_pipelines_deployment_group(stack, engine, redis_client):
+    """Environment#stop_actions = last_finished_deployment_group.map(&:stop_action): every deployment of this
+    environment whose job is one of the last finished deployment's pipeline's latest finished jobs, each with its own
+    on_stop; a deployment of another environment in that pipeline is not of the group."""
+    env_id, other = environment(engine), environment(engine, auto_stop_at=ago(hours=-1))  # the other not due
+    _, stop_a = deployed(engine, env_id, 40, "stop_a", status="failed")
+    _, stop_other = deployed(engine, other, 40, "stop_other")
+    _, stop_b = deployed(engine, env_id, 40, "stop_b")  # the last deployment
+
+    dry = report(run_job(environments_auto_stop, stack, dry_run=True))
+    assert (dry["would_set_stopping_ids"], dry["would_start_stop_action_ids"]) == ([env_id], [stop_a, stop_b])
+    result = report(run_job(environments_auto_stop, stack))
+
+    assert [row(engine, "environments", e).state for e in (env_id, other)] == ["stopping", "available"]
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [stop_a, stop_b]
+    assert row(engine, "ci_builds", stop_other).status == "manual"
+    with on(engine, "ci_pending_builds").connect() as conn:  # both join the runners' queue
+        assert conn.execute(text("SELECT build_id FROM ci_pending_builds ORDER BY build_id")).all() == [
+            (stop_a,), (stop_b,)]
+    assert (result["stopping_ids"], result["stop_actions_started"], result["rows_changed"]) == ([env_id], 2, 3)
+
+
+def test_a_retried_jobs_deployment_is_not_of_the_group(stack, engine, redis_client):
+    """latest_finished_jobs are the pipeline's latest (not retried) finished jobs: the last finished deployment's job
+    retried (its retry still running) brings no stop action; the group is the pipeline's other deployment."""
+    env_id = environment(engine)
+    _, stop_b = deployed(engine, env_id, 41, "stop_b")
+    retried, stop_review = deployed(engine, env_id, 41, "stop_review", retried=True)  # the last finished deployment
+    retry = create(engine, "ci_builds", commit_id=41, name="deploy_stop_review", status="running")
+    create(engine, "deployments", environment_id=env_id, deployable_id=retry, on_stop="stop_review", status=1)
+
+    result = report(run_job(environments_auto_stop, stack))
+
+    assert row(engine, "environments", env_id).state == "stopping"
+    assert ids(engine, "ci_builds", S.ci_builds.c.status == "pending") == [stop_b]
+    assert row(engine, "ci_builds", stop_review).status == "manual"
+    assert (result["stopping_ids"], result["stop_actions_started"]) == ([env_id], 1)
 
 
 def project_review_app(engine, project_id: int) -> tuple[int, int]:

@@ -57,7 +57,8 @@ from .harness import scratch_database_of
 from .runner import op_metadata, run_job, step_failure_message
 
 # A 17.0 as the issue met it (not vendored): 17.x's schema without what 17.0 lacked, its runner machines 16.0's
-# plain table (GitLab partitioned them by runner_type later in 17.x).
+# plain table (GitLab partitioned them by runner_type later in 17.x). It keeps what 17.0's migrations added, e.g.
+# ci_running_builds.runner_owner_namespace_xid, by which the jobs know 17.0's Environment#stop_actions.
 GITLAB_17_0 = "17.0-like"
 LAYOUTS = {"16.0": "flat", GITLAB_17_0: "partitioned", "17.x": "partitioned", "18.x": "partitioned",
            "18.y": "partitioned_dynamic", "19.x": "partitioned_dynamic"}
@@ -408,9 +409,10 @@ def test_environments_auto_stop_queues_each_stop_action_for_the_runners_gitlab_w
 
 def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_releases_gitlab_would(db):
     """Environment#stop_actions: from GitLab 17.0 the last finished deployment's pipeline (success, failed or
-    canceled: Deployment.last_finished_deployment_group_for_environment), before it the last successful one's
-    (last_deployment_group). Told apart by 17.1's project_relation_exports.project_id: 17.0-like reads as before."""
-    finished_rule = db.has("relation_exports_project_id")
+    canceled: Deployment.last_finished_deployment_group_for_environment; 16.9-16.11 had it behind a flag, off by
+    default, that 17.0 removed), before it the last successful one's (last_deployment_group). 17.0-like plays the
+    failed one's."""
+    finished_rule = db.base != "16.0"
     with db.engine_of("projects").begin() as conn:
         add_projects(conn, [7])
     env = db.insert("environments", project_id=7, name="review", slug="review", state="available",
@@ -430,6 +432,41 @@ def test_environments_auto_stop_takes_stop_actions_from_the_deployment_that_rele
     assert db.rows("SELECT id, status FROM {builds} WHERE name = 'stop' ORDER BY id") == sorted(
         (stop, "pending" if stop == played else "manual") for stop in stops.values())
     assert db.rows("SELECT build_id FROM ci_pending_builds") == [(played,)]
+    assert db.rows("SELECT state FROM environments") == [("stopping",)]
+    # The marker the job tells them apart by: 17.0's migration AddRunnerOwnerNamespaceIdColumnToCiRunningBuilds.
+    assert db.has("running_builds_runner_owner_namespace_xid") == finished_rule
+
+
+def test_environments_auto_stop_plays_the_deployment_group_releases_gitlab_would(db):
+    """The stop actions of a deployment group: every deployment of the environment whose job is one of its pipeline's
+    latest jobs, finished from 17.0 (Pipeline#latest_finished_jobs of the last finished deployment's pipeline),
+    successful before (#latest_successful_builds of the last successful one's: 16.0 plays stop_a and stop_b)."""
+    finished_rule = db.base != "16.0"
+    with db.engine_of("projects").begin() as conn:
+        add_projects(conn, [7])
+    env = db.insert("environments", project_id=7, name="review", slug="review", state="available",
+                    auto_stop_at=ago(hours=1), created_at=naive_ago(days=1), updated_at=naive_ago(days=1))
+    stops, iids = {}, itertools.count(1)
+    # Pipeline 6001 succeeded (a job retried in it), then 6002 failed: its deploy_e canceled, its deploy_c failed.
+    for pipeline, job, status, deployment_status, retried in (
+            (6001, "a", "success", 2, True), (6001, "a", "success", 2, None), (6001, "b", "success", 2, None),
+            (6002, "e", "canceled", 4, None), (6002, "c", "failed", 3, None)):
+        build = {**BUILD, "commit_id": pipeline}
+        deploy = db.insert("ci_builds", name=f"deploy_{job}", status=status, retried=retried, **build)
+        on_stop = f"stop_{job}_retried" if retried else f"stop_{job}"
+        stops[on_stop] = db.insert("ci_builds", name=on_stop, status="manual", **build)
+        iid = next(iids)
+        db.insert("deployments", iid=iid, project_id=7, environment_id=env, ref="main", tag=False, sha="a" * 40,
+                  status=deployment_status, deployable_type="CommitStatus", deployable_id=deploy, on_stop=on_stop,
+                  created_at=naive_ago(hours=9 - iid), updated_at=naive_ago(hours=9 - iid),
+                  finished_at=ago(hours=9 - iid))
+
+    db.run(environments_auto_stop)
+
+    played = sorted(stops[name] for name in (("stop_e", "stop_c") if finished_rule else ("stop_a", "stop_b")))
+    assert db.rows("SELECT id, status FROM {builds} WHERE name LIKE 'stop%' ORDER BY id") == [
+        (stop, "pending" if stop in played else "manual") for stop in sorted(stops.values())]
+    assert db.rows("SELECT build_id FROM ci_pending_builds ORDER BY build_id") == [(stop,) for stop in played]
     assert db.rows("SELECT state FROM environments") == [("stopping",)]
 
 

@@ -130,7 +130,7 @@ def test_a_health_signal_pauses_with_exponential_backoff_while_it_lasts_and_keep
 
 def test_jitter_shortens_each_pause_by_up_to_half():
     clock, signals, pacer = paced(jitter=1.0)
-    signals.next = Readings(wal_bytes_per_second=pacing.WAL_BYTES_PER_SECOND + 1)
+    signals.next = Readings(wal_archive_queue=pacing.WAL_ARCHIVE_QUEUE_SEGMENTS + 1)
     assert batch(clock, pacer, 0.02) == (100, approx(pacing.BACKOFF_FIRST_SECONDS * (1 - pacing.JITTER)))
 
 
@@ -190,7 +190,8 @@ def test_the_metadata_says_how_the_run_was_paced():
     (Readings(active_sessions=13, sessions_before=10), {"active_sessions"}),
     (Readings(active_sessions=2, sessions_before=0), set()),  # at least 2 more than before
     (Readings(active_sessions=3, sessions_before=0), {"active_sessions"}),
-    (Readings(wal_bytes_per_second=pacing.WAL_BYTES_PER_SECOND), set()),
+    (Readings(wal_archive_queue=pacing.WAL_ARCHIVE_QUEUE_SEGMENTS), set()),  # GitLab's limit: over it, not at it
+    (Readings(wal_archive_queue=pacing.WAL_ARCHIVE_QUEUE_SEGMENTS + 1), {"wal_archive_queue"}),
     (Readings(replica_lag_seconds=1.5), set()),
     (Readings(replica_lag_seconds=1.6), {"replica_lag"}),
     (Readings(autovacuum=False), set()),
@@ -347,6 +348,7 @@ def test_a_lock_the_job_causes_others_makes_it_back_off(stack, engine):
     assert pacer.slowed_by["locks_caused"] == 1 and len(slept) == 1 and slept[0] > 0
     assert row(engine, "ci_builds", build).lock_version == 3  # both batches' and GitLab's own update
     assert watch.unreadable == {}
+    assert watch.take().wal_archive_queue == 0  # the test server archives nothing (archive_mode off): no queue
 
 
 def test_a_signal_that_cannot_be_read_is_reported_once_and_left_out(stack, engine):

@@ -4,6 +4,7 @@ unlocked, non-trace artifacts are deleted bucket by bucket; nothing else is."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import itertools
@@ -23,6 +24,7 @@ from sqlalchemy import TIMESTAMP, cast, create_engine, delete, insert, literal, 
 from ci_cleanup.definitions import defs
 from ci_cleanup.gitlab import artifact_buckets, feature_flags
 from ci_cleanup.gitlab.artifact_buckets import AVAILABLE_KEY, OCCUPIED_KEY
+from ci_cleanup.gitlab.loop_helpers import Brake
 from ci_cleanup.gitlab.schema import utc_now
 from ci_cleanup.runs import DRY_RUN_TAG, ROWS_CHANGED, ROWS_WITH_ERRORS
 from ci_cleanup.schedule_bulk_delete_job_artifacts import files, service
@@ -47,11 +49,12 @@ WORKERS, REPORT = "run_bucket_workers", "report_destroyed_job_artifacts"  # its 
 
 
 def run_worker(engine, redis_client, *, batch_size: int = service.BATCH_SIZE,
-               max_batches: int = service.MAX_BATCHES, on_batch=None, stop=None) -> service.WorkerResult:
+               max_batches: int = service.MAX_BATCHES, on_batch=None, stop=None, brake=None) -> service.WorkerResult:
     """A bucket worker as the job runs it: deleting in the artifacts' database, reading GitLab's flags in theirs when
     decomposed (on one database, the batch's own statement reads them)."""
     artifacts, flags = on(engine, "ci_job_artifacts"), on(engine, "feature_gates")
-    hooks = service.Hooks(stop=stop) if on_batch is None else service.Hooks(on_batch=on_batch, stop=stop)
+    hooks = service.Hooks(stop=stop, brake=brake)
+    hooks = hooks if on_batch is None else dataclasses.replace(hooks, on_batch=on_batch)
     return service.run_bucket_worker(
         artifacts, redis_client, S, limits=service.Limits(batch_size=batch_size, max_batches=max_batches),
         hooks=hooks, flags_engine=None if flags is artifacts else flags)
@@ -587,6 +590,34 @@ def test_worker_told_to_stop_deletes_nothing_more_and_releases_its_bucket(stack,
 
     assert (already.mod_bucket, already.batches, already.stopped, already.released) == (0, 0, True, True)
     assert ids(engine, "ci_job_artifacts") == created[2:] and len(deleted_objects(engine)) == 2
+    assert redis_state(redis_client) == ({0}, {})
+
+
+def test_a_worker_paused_by_its_brake_stops_when_told_without_waiting_out_the_pause(stack, engine, redis_client):
+    """A terminated run's workers are told to stop in their threads (no signal reaches them): one in its pause after a
+    batch ends it then, and gives its bucket back, however long the pause."""
+    enable(engine, service.FEATURE_FLAG)
+    created = [artifact(engine, bucket=0, project_id=p * 5) for p in range(1, 6)]
+    redis_client.sadd(AVAILABLE_KEY, "0")
+    stop, paused = threading.Event(), threading.Event()
+
+    class Told(Brake):  # the brake's own pause (days at this duty cycle), with the moment it begins made visible
+        def pause_after(self, batch_seconds: float) -> float:
+            paused.set()
+            return super().pause_after(batch_seconds)
+
+    outcome: list[service.WorkerResult] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        run_worker(engine, redis_client, batch_size=2, stop=stop, brake=Told(1e-9))), daemon=True)
+    worker.start()
+    assert paused.wait(60)
+    stop.set()
+    worker.join(60)
+
+    assert not worker.is_alive(), "the worker slept through its stop"
+    (result,) = outcome
+    assert (result.batches, result.destroyed_job_artifacts_count, result.stopped, result.released) == (1, 2, True, True)
+    assert ids(engine, "ci_job_artifacts") == created[2:]
     assert redis_state(redis_client) == ({0}, {})
 
 

@@ -1,5 +1,6 @@
 -- play_stop_actions.sql without playing them: for a dry run, and for a database that lacks GitLab's unique index
--- on ci_pending_builds (build_id), without which no stop action can join the runners' queue.
+-- on ci_pending_builds (build_id), without which no stop action can join the runners' queue. A row per deployment of
+-- each environment's group (find_group.sql's rows).
 WITH wanted AS (
   SELECT *
   FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:deployable_ids AS bigint[]), CAST(:on_stops AS text[]))
@@ -7,7 +8,7 @@ WITH wanted AS (
 )
 -- A row per environment that has stop actions: the manual ones, which a run would play (NULL: none).
 SELECT wanted.environment_id,
-       array_agg(stop_action.id ORDER BY stop_action.id) FILTER (WHERE stop_action.status = 'manual') AS played
+       array_agg(DISTINCT stop_action.id ORDER BY stop_action.id) FILTER (WHERE stop_action.status = 'manual') AS played
 FROM wanted
 {{ stop_actions }}
 GROUP BY wanted.environment_id

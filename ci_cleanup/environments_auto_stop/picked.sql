@@ -1,8 +1,8 @@
 -- Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now, 100 at a time), paged by the
 -- cursor (auto_stop_at, id) along GitLab's index_environments_on_state_and_auto_stop_at, so that an environment left
 -- available is not picked again in the same run. The cursor's auto_stop_at is the text PostgreSQL gave (cursor_at):
--- no datetime of Python's holds '-infinity' or a BC date. Each comes with its last finished deployment (successful
--- before GitLab 17.0), whose deployable's pipeline holds the stop actions (Environment#stop_actions), and its
+-- no datetime of Python's holds '-infinity' or a BC date. Each comes with its last finished deployment's deployable
+-- (successful before GitLab 17.0), whose pipeline's jobs make its deployment group (group_jobs.sql), and its
 -- project's part of their queue rows. Named {{ picked }} by pick_batch.sql, find_batch.sql and stop_batch.sql.
 SELECT environments.id,
        -- GitLab before 17.7 has no auto_stop_setting: it stops every due environment without stop actions (0).
@@ -10,20 +10,20 @@ SELECT environments.id,
        0 AS auto_stop_setting,  -- unless environments.auto_stop_setting
        CAST(environments.auto_stop_at AS text) AS cursor_at,
        last_deployment.deployable_id,
-       last_deployment.on_stop,
        environments.project_id,
        queue.namespace_id,
        queue.instance_runners_enabled,
        queue.namespace_traversal_ids
 FROM environments
 LEFT JOIN LATERAL (
-  SELECT deployments.deployable_id, deployments.on_stop
+  SELECT deployments.deployable_id
   FROM deployments
   WHERE deployments.environment_id = environments.id
-    -- Environment#stop_actions from GitLab 17.0: the last finished deployment (success 2, failed 3, canceled 4);
-    -- before, the last successful one. Told apart by 17.1's project_relation_exports.project_id (gitlab-releases.md).
-    AND deployments.status IN (2, 3, 4)  -- if project_relation_exports.project_id
-    AND deployments.status = 2  -- unless project_relation_exports.project_id
+    -- Environment#last_finished_deployment from GitLab 17.0 (success 2, failed 3, canceled 4); before, the last
+    -- successful one (#last_deployment). Told apart by 17.0's ci_running_builds.runner_owner_namespace_xid
+    -- (gitlab-releases.md).
+    AND deployments.status IN (2, 3, 4)  -- if ci_running_builds.runner_owner_namespace_xid
+    AND deployments.status = 2  -- unless ci_running_builds.runner_owner_namespace_xid
   ORDER BY deployments.id DESC
   LIMIT 1
 ) AS last_deployment ON true

@@ -1,8 +1,8 @@
--- The ci database's part of a batch: the stop actions of the environments given (their ids, each one's last
--- finished deployment's deployable and on_stop, in step), and the manual ones played.
+-- The ci database's part of a batch: the stop actions of the deployments given (each environment's deployment group,
+-- find_group.sql's rows: environment, deployable, on_stop, in step), and the manual ones played.
 -- Environment#stop_actions (stop_actions.sql), played and queued (play.sql), as stop_batch.sql does: a batch done
 -- twice plays nothing more.
--- Each environment comes with its project's part of the queue row, read in main (pick_batch.sql): its namespace
+-- Each comes with its environment's project's part of the queue row, read in main (pick_batch.sql): its namespace
 -- (NULL: no project row, so its stop actions are not played), instance runners, traversal ids (as text: arrays of
 -- arrays cannot be unnested).
 WITH wanted AS (
@@ -21,7 +21,7 @@ actions AS (
 {{ play }}
 -- A row per environment that has stop actions: those played (NULL: none).
 SELECT actions.environment_id,
-       array_agg(played.id ORDER BY played.id) FILTER (WHERE played.id IS NOT NULL) AS played
+       array_agg(DISTINCT played.id ORDER BY played.id) FILTER (WHERE played.id IS NOT NULL) AS played
 FROM actions
 LEFT JOIN played ON played.id = actions.id
 GROUP BY actions.environment_id

@@ -5,11 +5,12 @@ auto-stoppable environments, each stopped as ``Environment#stop_with_actions!`` 
 
 - one database: a batch is ``stop_batch.sql``, one statement;
 - two databases (environments and deployments in GitLab's ``main``, builds in ``ci``): ``pick_batch.sql`` locks the
-  batch in main, ``play_stop_actions.sql`` plays its stop actions in ci, ``write_states.sql`` writes it in main.
-  GitLab's two databases share no transaction, so ci commits first: a run killed between the two commits leaves
-  the environments available and their actions pending; the next run picks them again, plays nothing more and
-  writes their state;
-- a dry run: ``find_batch.sql`` and ``find_stop_actions.sql``, which change nothing.
+  batch in main, ``find_group_jobs.sql`` reads the jobs of each one's deployment group in ci and ``find_group.sql``
+  their deployments in main, ``play_stop_actions.sql`` plays their stop actions in ci, ``write_states.sql`` writes
+  the batch in main. GitLab's two databases share no transaction, so ci commits first: a run killed between the two
+  commits leaves the environments available and their actions pending; the next run picks them again, plays nothing
+  more and writes their state;
+- a dry run: ``find_batch.sql``, the group's two reads and ``find_stop_actions.sql``, which change nothing.
 
 A batch the database refuses (a bad row) is done again environment by environment, the one refused reported.
 """
@@ -39,6 +40,8 @@ PICK_BATCH = SqlFile(__package__, "pick_batch.sql")
 FIND_BATCH = SqlFile(__package__, "find_batch.sql")
 PLAY_STOP_ACTIONS = SqlFile(__package__, "play_stop_actions.sql")
 FIND_STOP_ACTIONS = SqlFile(__package__, "find_stop_actions.sql")
+FIND_GROUP_JOBS = SqlFile(__package__, "find_group_jobs.sql")
+FIND_GROUP = SqlFile(__package__, "find_group.sql")
 WRITE_STATES = SqlFile(__package__, "write_states.sql")
 
 # Outcomes of one environment.
@@ -204,21 +207,36 @@ def unqueued(env_id: int, project_id: int) -> str:
             f"cannot be queued for a runner, so none was played and environment {env_id} was left available")
 
 
-def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[int]]:
-    """Each picked environment's stop actions, by environment id: those played (a dry run's: those it would
-    play); an environment without any is not in it. Each is queued with its project's part of the queue row,
-    read with the pick (main's)."""
-    deployed = [env for env in picked if env.deployable_id is not None and env.on_stop is not None]
+def deployment_group(run: Run, picked: list[Row]) -> list[Row]:
+    """The deployments of each picked environment's deployment group (environment_id, deployable_id, on_stop): the
+    jobs read in ci (``find_group_jobs.sql``), their deployments in main (``find_group.sql``)."""
+    deployed = [env for env in picked if env.deployable_id is not None]
     if not deployed:
+        return []
+    jobs = run.execute(run.ci, FIND_GROUP_JOBS, {"environment_ids": [env.id for env in deployed],
+                                                  "deployable_ids": [env.deployable_id for env in deployed]})
+    if not jobs:
+        return []
+    return run.execute(run.main, FIND_GROUP, {"environment_ids": [job.environment_id for job in jobs],
+                                              "job_ids": [job.job_id for job in jobs]})
+
+
+def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[int]]:
+    """Each picked environment's stop actions (its deployment group's), by environment id: those played (a dry run's:
+    those it would play); an environment without any is not in it. Each is queued with its project's part of the
+    queue row, read with the pick (main's)."""
+    group = deployment_group(run, picked)
+    if not group:
         return {}
+    by_id = {env.id: env for env in picked}
+    envs = [by_id[deployment.environment_id] for deployment in group]
     params = {
-        **params, "environment_ids": [env.id for env in deployed],
-        "deployable_ids": [env.deployable_id for env in deployed], "on_stops": [env.on_stop for env in deployed],
-        "namespace_ids": [env.namespace_id for env in deployed],
-        "instance_runners_enabled": [env.instance_runners_enabled for env in deployed],
+        **params, "environment_ids": [d.environment_id for d in group],
+        "deployable_ids": [d.deployable_id for d in group], "on_stops": [d.on_stop for d in group],
+        "namespace_ids": [env.namespace_id for env in envs],
+        "instance_runners_enabled": [env.instance_runners_enabled for env in envs],
         "namespace_traversal_ids": [None if env.namespace_traversal_ids is None
-                                    else "{" + ",".join(map(str, env.namespace_traversal_ids)) + "}"
-                                    for env in deployed],
+                                    else "{" + ",".join(map(str, env.namespace_traversal_ids)) + "}" for env in envs],
     }
     sql = PLAY_STOP_ACTIONS if run.flags.plays else FIND_STOP_ACTIONS
     return {row.environment_id: row.played or [] for row in run.execute(run.ci, sql, params)}

@@ -1,16 +1,25 @@
--- Environments::AutoStopService's batch on one database, in one statement: pick_batch.sql, play_stop_actions.sql
--- and write_states.sql, each fed by the one before (on two databases they are three statements).
--- Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now, 100 at a time), paged by
--- the cursor (auto_stop_at, id), locked; each with its last finished deployment (the last successful one before
--- GitLab 17.0).
+-- Environments::AutoStopService's batch on one database, in one statement: pick_batch.sql, find_group_jobs.sql,
+-- find_group.sql, play_stop_actions.sql and write_states.sql, each fed by the one before (on two databases they are
+-- five statements). Environment.auto_stoppable(100) (seed 003: available and auto_stop_at before now, 100 at a time),
+-- paged by the cursor (auto_stop_at, id), locked; each with its last finished deployment's deployable (the last
+-- successful one's before GitLab 17.0), the jobs of its deployment group, the group, and its stop actions.
 WITH picked AS (
   {{ picked }}
   FOR UPDATE OF environments
 ),
-actions AS (
-  SELECT wanted.id AS environment_id, stop_action.id, wanted.namespace_id, wanted.instance_runners_enabled,
-         wanted.namespace_traversal_ids
+jobs AS (
+  SELECT wanted.id AS environment_id, job.id AS job_id
   FROM picked AS wanted
+  {{ group_jobs }}
+),
+deployment_group AS (
+  {{ group }}
+),
+actions AS (
+  SELECT wanted.environment_id, stop_action.id, picked.namespace_id, picked.instance_runners_enabled,
+         picked.namespace_traversal_ids
+  FROM deployment_group AS wanted
+  JOIN picked ON picked.id = wanted.environment_id
   {{ stop_actions }}
 ),
 {{ play }},
@@ -40,7 +49,7 @@ SELECT picked.id,
        picked.auto_stop_setting,
        picked.cursor_at,
        EXISTS (SELECT FROM actions WHERE actions.environment_id = picked.id) AS has_stop_actions,
-       ARRAY(SELECT played.id FROM actions JOIN played ON played.id = actions.id
+       ARRAY(SELECT DISTINCT played.id FROM actions JOIN played ON played.id = actions.id
              WHERE actions.environment_id = picked.id ORDER BY played.id) AS played,
        written.state AS written,
        picked.project_id,

@@ -4,9 +4,11 @@ from ..gitlab.schema import where_present
 
 USES = {
     "environments": ("id", "project_id", "state", "auto_stop_at", where_present("auto_stop_setting"), "updated_at"),
-    "deployments": ("id", "environment_id", "status", "deployable_id", "on_stop"),
-    # The stop actions: found by pipeline and name, played (status, queued_at, lock_version), queued.
-    "ci_builds": ("id", "commit_id", "name", "type", "status", "queued_at", "updated_at", "lock_version",
+    # The last finished deployment, and the deployment group: the deployments of its pipeline's latest jobs.
+    "deployments": ("id", "environment_id", "status", "deployable_type", "deployable_id", "on_stop"),
+    # The group's jobs (the pipeline's, not retried, finished); the stop actions: found by pipeline and name, played
+    # (status, queued_at, lock_version), queued.
+    "ci_builds": ("id", "commit_id", "retried", "name", "type", "status", "queued_at", "updated_at", "lock_version",
                   "project_id", "partition_id", "protected"),
     # Their queue rows as Ci::PendingBuild.upsert_from_build! writes them (args_from_build).
     "ci_pending_builds": ("build_id", "project_id", "partition_id", "protected", "namespace_id", "tag_ids",

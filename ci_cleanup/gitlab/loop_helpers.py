@@ -140,6 +140,13 @@ class Hooks:
     clock: Callable[[], float] = time.monotonic
     stop: threading.Event | None = None  # set: the run is being terminated; no batch starts after it
 
+    def sleep(self, seconds: float) -> None:
+        """The pause after a batch, cut short when the run is terminated: a worker's thread gets no signal."""
+        if self.stop is None:
+            time.sleep(seconds)
+        else:
+            self.stop.wait(seconds)
+
     def batch_size(self, default: int) -> int:
         """The size of the next batch: the seed's ``default`` (the most), or less while the run's pacing says so."""
         return default if self.brake is None else self.brake.next_batch_size(default)

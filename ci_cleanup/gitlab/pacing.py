@@ -25,6 +25,8 @@ from sqlalchemy import Table, func, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from .sql_files import SqlFile
+
 # Thresholds, each named after where it comes from (docs/configuration.md, "Pacing").
 BATCH_TIME_TOLERANCE = 1.5  # Netflix Gradient2's default tolerance: short-term latency over long-term
 BATCH_TIME_SLACK_SECONDS = 0.01  # a batch this little over its expected time is noise, not contention
@@ -32,15 +34,17 @@ READ_TOLERANCE = 1.5  # Gradient2 again, for the cheap read while working agains
 READ_SLACK_SECONDS = 0.001  # the read's noise on an idle server
 ACTIVE_SESSIONS_RATIO = 1.2  # pt-online-schema-change's --max-load: 20 % over the level at start
 ACTIVE_SESSIONS_SLACK = 2  # and at least this many more sessions, so a near-idle server is not judged by one
-WAL_BYTES_PER_SECOND = 16 * 2**20  # one WAL segment a second: what archiving must keep up with (HealthStatus'
-# WriteAheadLog indicator stops on the archive's backlog)
+# GitLab's WriteAheadLog indicator (its LIMIT): WAL segments waiting for the archiver. Not the WAL's rate: the job's
+# own writes are WAL; what they cost GitLab is a backlog the archive (or a replica: replica_lag) cannot keep up with.
+WAL_ARCHIVE_QUEUE_SEGMENTS = 42
 REPLICA_LAG_SECONDS = 1.5  # gh-ost's --max-lag-millis default
 APDEX_SLO = 0.99  # GitLab's SQL apdex below this: its Prometheus alert indicator's condition (below the SLO)
 
 # What a firing signal does.
 AT_ONCE = frozenset({"locks_caused", "lock_waited"})  # a lock wait: halve the batch at once (Vitess, Sidekiq 0.5)
 LATENCY = frozenset({"batch_time", "read_latency"})  # contention: cut the batch by Sidekiq throttling's 0.8
-HEALTH = frozenset({"active_sessions", "wal_rate", "replica_lag", "autovacuum", "apdex"})  # pause while it lasts
+# Pause while it lasts:
+HEALTH = frozenset({"active_sessions", "wal_archive_queue", "replica_lag", "autovacuum", "apdex"})
 CUT_AT_ONCE, CUT_ON_LATENCY, GROW = 0.5, 0.8, 1.1  # Sidekiq throttling's hard and soft cuts, its +10 % recovery
 MIN_SIZE_SHARE = 0.01  # the smallest batch, a share of the seed's (at least one row)
 BACKOFF_FIRST_SECONDS = 0.1  # the first pause after a signal; doubled while signals keep firing
@@ -68,7 +72,7 @@ class Readings:
     read_baseline: float | None = None  # the same read before the run and while it paused (the middle one)
     active_sessions: int | None = None
     sessions_before: int | None = None  # active sessions before the run
-    wal_bytes_per_second: float | None = None
+    wal_archive_queue: int | None = None  # WAL segments not yet archived
     replica_lag_seconds: float | None = None
     autovacuum: bool | None = None  # autovacuum working on the job's table (or one of its partitions)
     apdex: float | None = None
@@ -88,8 +92,8 @@ def judge(readings: Readings) -> set[str]:
         before = r.sessions_before
         if r.active_sessions > max(before * ACTIVE_SESSIONS_RATIO, before + ACTIVE_SESSIONS_SLACK):
             fired.add("active_sessions")
-    if r.wal_bytes_per_second is not None and r.wal_bytes_per_second > WAL_BYTES_PER_SECOND:
-        fired.add("wal_rate")
+    if r.wal_archive_queue is not None and r.wal_archive_queue > WAL_ARCHIVE_QUEUE_SEGMENTS:
+        fired.add("wal_archive_queue")
     if r.replica_lag_seconds is not None and r.replica_lag_seconds > REPLICA_LAG_SECONDS:
         fired.add("replica_lag")
     if r.autovacuum:
@@ -226,7 +230,7 @@ ACTIVE_SESSIONS = text("""
 SELECT count(*) FROM pg_stat_activity
 WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()
   AND NOT coalesce(starts_with(query, :job), false)""")
-WAL_POSITION = text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+WAL_ARCHIVE_QUEUE = text(SqlFile(__package__, "wal_archive_queue.sql").source)
 REPLICA_LAG = text("SELECT coalesce(max(extract(epoch FROM replay_lag)), 0) FROM pg_stat_replication")
 AUTOVACUUM = text("SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = ANY(CAST(:relids AS oid[]))")
 RELIDS = text("SELECT array_agg(relid::oid::bigint) FROM pg_partition_tree(CAST(:table AS regclass))")
@@ -253,7 +257,6 @@ class Watch:
         # when the run pauses, so that a pause is ended by fresh reads, not by those that caused it.
         self._working: deque = deque(maxlen=READ_WINDOW)
         self._idle: deque = deque(maxlen=RECENT_BATCHES)  # cheap reads before the run and while it paused
-        self._wal: tuple[float, int] | None = None
         self._probe_id = 0
         self._relids: list[int] = []
         self._next_health = self._next_apdex = float("-inf")
@@ -346,18 +349,16 @@ class Watch:
     def _sample_health(self, conn: Connection) -> None:
         self._next_health = self.clock() + HEALTH_EVERY_SECONDS
         sessions = self._read("active_sessions", conn, ACTIVE_SESSIONS, {"job": self.job})
-        wal = self._read("wal_rate", conn, WAL_POSITION)
+        wal = self._read("wal_archive_queue", conn, WAL_ARCHIVE_QUEUE)
+        if wal is not None and wal[0] is None:
+            self._unreadable("wal_archive_queue", RuntimeError("archive_mode is on and no WAL was archived yet"))
         lag = self._read("replica_lag", conn, REPLICA_LAG)
         vacuum = self._read("autovacuum", conn, AUTOVACUUM, {"relids": self._relids}) if self._relids else None
         apdex = self._apdex()
-        now = self.clock()
         with self._lock:
             seen = self._seen
             seen.active_sessions = sessions[0] if sessions else None
-            if wal is not None:
-                if self._wal is not None and now > self._wal[0]:
-                    seen.wal_bytes_per_second = (int(wal[0]) - self._wal[1]) / (now - self._wal[0])
-                self._wal = (now, int(wal[0]))
+            seen.wal_archive_queue = wal[0] if wal else None
             seen.replica_lag_seconds = float(lag[0]) if lag else None
             seen.autovacuum = bool(vacuum[0]) if vacuum else None
             if apdex is not None:
@@ -386,7 +387,7 @@ class Watch:
         with self._lock:
             seen, working, idle = self._seen, list(self._working), list(self._idle)
             self._seen = Readings(sessions_before=seen.sessions_before, active_sessions=seen.active_sessions,
-                                  wal_bytes_per_second=seen.wal_bytes_per_second,
+                                  wal_archive_queue=seen.wal_archive_queue,
                                   replica_lag_seconds=seen.replica_lag_seconds, autovacuum=seen.autovacuum,
                                   apdex=seen.apdex)
         seen.read_seconds = statistics.median(working) if len(working) == READ_WINDOW else None

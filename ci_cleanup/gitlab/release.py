@@ -35,6 +35,9 @@ COLUMN_FEATURES = {
     "deleted_objects_created_at": ("ci_deleted_objects", "created_at"),
     "export_jobs_user_id": ("project_export_jobs", "user_id"),
     "relation_exports_project_id": ("project_relation_exports", "project_id"),
+    # GitLab 17.0's AddRunnerOwnerNamespaceIdColumnToCiRunningBuilds: the release whose Environment#stop_actions
+    # takes the last finished deployment (docs/gitlab-releases.md).
+    "running_builds_runner_owner_namespace_xid": ("ci_running_builds", "runner_owner_namespace_xid"),
     # A build's tags in p_ci_build_tags (GitLab 17.3+), else in taggings.
     "build_tags": ("p_ci_build_tags", "tag_id"),
 }
@@ -145,7 +148,7 @@ KNOWN = {
     "16.0": _known(FLAT, False, ("runner_machines_runner_type", "runner_machines_sharding_key_id",
                                  "environments_auto_stop_setting", "deleted_objects_project_id",
                                  "deleted_objects_created_at", "export_jobs_user_id", "relation_exports_project_id",
-                                 "build_tags")),
+                                 "running_builds_runner_owner_namespace_xid", "build_tags")),
     "17.x": _known(PARTITIONED, True),
     "18.x": _known(PARTITIONED, True),
     "18.y": _known(PARTITIONED_DYNAMIC, True, ("runner_machines_sharding_key_id",)),

@@ -9,7 +9,7 @@ import redis
 
 PREFIX = "gitlab-sidekiq-status:"
 # GitLab's store for the status keys: Gitlab::Redis::QueuesMetadata (falls back to Queues, then resque.yml). Older
-# GitLab kept them in Sidekiq's Redis (Queues), then in SharedState: see the README's "GitLab's Redis stores".
+# GitLab kept them in Sidekiq's Redis (Queues), then in SharedState: see docs/redis.md.
 STORE = "queues_metadata"
 
 

@@ -81,6 +81,7 @@ ci_builds = Table(
     Column("ref", String),
     Column("allow_failure", Boolean, nullable=False, server_default=text("false")),
     Column("protected", Boolean),  # the ref is protected (Ci::Build#protected?)
+    Column("retried", Boolean),  # a retry replaced it (NULL: not retried; CommitStatus.latest)
     info={"gitlab_schema": GITLAB_CI},
 )
 # The runners' queue: a row per pending build, with what runners choose by (Ci::Queue::PendingBuildsStrategy).

@@ -217,5 +217,6 @@ def _delete_batches(
         result.artifacts_empty = deleted.count < size
         return not result.artifacts_empty
 
-    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=hooks.brake)
+    loop_until(batch, timeout=limits.max_runtime.total_seconds(), limit=limits.max_batches, brake=hooks.brake,
+               sleep=hooks.sleep)
     return flags

@@ -74,11 +74,23 @@ def seed(
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
 # The limit the benchmark launches the job with (its run config), so job and floor stop at the same place.
-# Environment#stop_actions' deployment: the last finished one (success 2, failed 3, canceled 4) from GitLab 17.0, the
-# last successful one before; told apart as the job tells them apart (17.1's project_relation_exports.project_id).
-STOP_DEPLOYMENT_STATUSES = """ANY(CASE WHEN EXISTS (
-    SELECT FROM pg_attribute WHERE attrelid = to_regclass('project_relation_exports') AND attname = 'project_id'
-      AND NOT attisdropped) THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"""
+# Environment#stop_actions' deployment group: the deployments of the latest finished jobs (success, failed, canceled)
+# of the last finished deployment's pipeline (success 2, failed 3, canceled 4) from GitLab 17.0, of the latest
+# successful ones of the last successful deployment's before; told apart as the job tells them apart (17.0's
+# ci_running_builds.runner_owner_namespace_xid).
+FINISHED_RULE = """EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('ci_running_builds')
+    AND attname = 'runner_owner_namespace_xid' AND NOT attisdropped)"""
+STOP_DEPLOYMENT_STATUSES = f"ANY(CASE WHEN {FINISHED_RULE} THEN ARRAY[2, 3, 4] ELSE ARRAY[2] END)"
+GROUP_JOB_STATUSES = (f"ANY(CASE WHEN {FINISHED_RULE} THEN ARRAY['success', 'failed', 'canceled'] "
+                      "ELSE ARRAY['success'] END)")
+# The stop actions of the deployment group of ``last`` (an environment ``e``'s last deployment's deployable_id).
+GROUP_STOP_ACTIONS = f"""JOIN p_ci_builds last_deployable ON last_deployable.id = last.deployable_id
+  JOIN p_ci_builds job ON job.commit_id = last_deployable.commit_id AND job.retried IS NOT TRUE
+                      AND job.status = {GROUP_JOB_STATUSES}
+  JOIN deployments member ON member.deployable_type = 'CommitStatus' AND member.deployable_id = job.id
+                         AND member.environment_id = e.id
+  JOIN p_ci_builds stop_action ON stop_action.commit_id = job.commit_id AND stop_action.name = member.on_stop
+                              AND stop_action.type = 'Ci::Build'"""
 
 
 ENVS_MAX_LOOPS = 10_000
@@ -97,7 +109,7 @@ def envs_job(engine, client, on_batch, hooks=NO_HOOKS):
 
 
 def envs_raw(engine, client, on_batch):
-    """Page by id, look up stop actions (the last successful deployment) for the page, stop the rest in one UPDATE."""
+    """Page by id, look up stop actions (the last deployment's group) for the page, stop the rest in one UPDATE."""
     total, after, now = 0, 0, utc_now()
     while True:
         with engine.begin() as conn:
@@ -106,12 +118,10 @@ def envs_raw(engine, client, on_batch):
             if not ids:
                 return total
             with_actions = set(conn.scalars(text(f"""
-                SELECT e.id FROM environments e, LATERAL (SELECT deployable_id, on_stop FROM deployments d
+                SELECT DISTINCT e.id FROM environments e JOIN LATERAL (SELECT deployable_id FROM deployments d
                   WHERE d.environment_id = e.id AND d.status = {STOP_DEPLOYMENT_STATUSES}
-                  ORDER BY d.id DESC LIMIT 1) last
-                JOIN p_ci_builds deployable ON deployable.id = last.deployable_id
-                JOIN p_ci_builds stop ON stop.commit_id = deployable.commit_id AND stop.name = last.on_stop
-                                     AND stop.type = 'Ci::Build'
+                  ORDER BY d.id DESC LIMIT 1) last ON true
+                {GROUP_STOP_ACTIONS}
                 WHERE e.id = ANY(:ids)"""), {"ids": ids}))
             stop = text(f"""UPDATE environments SET state = 'stopped', auto_stop_at = NULL, updated_at = :naive
                             WHERE id = ANY(:ids) AND {DUE} AND auto_stop_setting = 0""")
@@ -157,18 +167,16 @@ project AS (
   LEFT JOIN project_features f ON f.project_id = p.id LEFT JOIN project_ci_cd_settings s ON s.project_id = p.id
   WHERE p.id IN (SELECT project_id FROM batch)),
 actions AS (
-  SELECT batch.id AS environment_id, stop_action.id, project.namespace_id,
+  SELECT e.id AS environment_id, stop_action.id, project.namespace_id,
          project.builds_on AND project.shared_runners_enabled AS instance_runners_enabled,
          CASE WHEN project.builds_on AND project.group_runners THEN project.traversal_ids
               ELSE CAST('{}' AS bigint[]) END AS namespace_traversal_ids
-  FROM batch
-  LEFT JOIN project ON project.id = batch.project_id
-  JOIN LATERAL (SELECT deployable_id, on_stop FROM deployments d
-                WHERE d.environment_id = batch.id AND d.status = {statuses}
-                ORDER BY d.id DESC LIMIT 1) last_deployment ON true
-  JOIN p_ci_builds deployable ON deployable.id = last_deployment.deployable_id
-  JOIN p_ci_builds stop_action ON stop_action.commit_id = deployable.commit_id
-   AND stop_action.name = last_deployment.on_stop AND stop_action.type = 'Ci::Build'),
+  FROM batch AS e
+  LEFT JOIN project ON project.id = e.project_id
+  JOIN LATERAL (SELECT deployable_id FROM deployments d
+                WHERE d.environment_id = e.id AND d.status = {statuses}
+                ORDER BY d.id DESC LIMIT 1) last ON true
+  {group_stop_actions}),
 stopping AS (
   UPDATE environments SET state = 'stopping', updated_at = %(now_naive)s
   WHERE id = ANY(ARRAY(SELECT environment_id FROM actions WHERE namespace_id IS NOT NULL))
@@ -207,7 +215,8 @@ def envs_floor(conn, client: redis.Redis) -> tuple[int, int]:
     cur = conn.cursor()
     cur.execute("SELECT to_regclass('p_ci_build_tags') IS NOT NULL")
     statement = ENVS.replace("{tags}", BUILD_TAGS if cur.fetchone()[0] else TAGGINGS).replace(
-        "{statuses}", STOP_DEPLOYMENT_STATUSES).replace("{due}", DUE_PY)
+        "{group_stop_actions}", GROUP_STOP_ACTIONS).replace("{statuses}", STOP_DEPLOYMENT_STATUSES).replace(
+        "{due}", DUE_PY)
     after = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
     total = batches = 0
     while batches < ENVS_MAX_LOOPS:

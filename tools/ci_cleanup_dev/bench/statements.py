@@ -32,6 +32,7 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extensions
 
+from ci_cleanup.resources.run_options import THROTTLE_ENV
 from ci_cleanup_dev.devstack import REPO_ROOT
 
 from . import floor
@@ -137,7 +138,9 @@ def measure(env: dict[str, str], job: str, pairs_of_replays: int, reset: Callabl
         out = log_dir / f"{job}.{side}.statements.json"
         log_file = log_dir / f"{job}.{side}.statements.log"
         with log_file.open("w") as output:
-            code = subprocess.run([sys.executable, "-m", __name__, side, job, str(out)], env={**os.environ, **env},
+            # Pacing off: a paced run may resize its batches, and the pairs need the floor's batches one for one.
+            code = subprocess.run([sys.executable, "-m", __name__, side, job, str(out)],
+                                  env={**os.environ, **env, THROTTLE_ENV: "off"},
                                   cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT).returncode
         if code:
             raise RuntimeError(f"recording {job}'s {side} statements failed (exit {code}):\n"
