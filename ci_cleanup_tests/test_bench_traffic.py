@@ -94,6 +94,8 @@ def test_targets_against_the_best_fixed_duty_cycle_that_keeps_the_ratio():
     none_keeps = _traffic({**p99s, "duty 0.5": [20.0], "duty 0.25": [16.0]}, pace)
     none_keeps.step = _step(light=1, heavy=1)
     assert none_keeps.best_fixed() is None and none_keeps.met()["vs_best_fixed"] is None
+    none_keeps.step["heavy"].stopped = False  # ran out of candidates: the step says nothing
+    assert none_keeps.met()["step"] is None
 
 
 def test_lock_waits_are_read_from_the_log_with_their_holder():

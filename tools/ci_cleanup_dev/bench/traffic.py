@@ -66,6 +66,7 @@ from .traffic_report import (
     QUIET,
     STEP,
     UNTHROTTLED,
+    WITH_TRAFFIC,
     JobTraffic,
     Sample,
     lock_waits,
@@ -83,7 +84,7 @@ MAX_WORKLOAD_S = 900  # the workload's own bound, past any window
 LOCK_LOG_MS = 5  # the workload's deadlock_timeout: its lock waits longer than this are logged
 SAMPLE_ROWS = 5000  # background builds and artifacts the workload picks from
 OUTLAST_MARGIN = 1.4  # candidates: this many times what the fastest contender drains in a window
-STEP_MARGIN = 1.3  # the step test's: this many times what the adaptive job drains in it at its rounds' pace
+STEP_MARGIN = 1.2  # the step test's: this many times what the adaptive job drains in it at its rounds' pace
 BULK = "schedule_bulk_delete_job_artifacts"
 # Each job's table, as its process op hands it to ``paced`` (the pacing's cheap read and autovacuum signal).
 WATCHED = {"drop_canceling_builds": "ci_builds", "stale_runner_machines_cleanup": "ci_runner_machines",
@@ -341,34 +342,41 @@ def hot_rows(cur, job: str, before: dict[str, int]) -> tuple[str, list[list[int]
 
 def rounds_of(scenario: Scenario, figures: JobTraffic, rounds: int, reset: Callable[[], None],
               hot: tuple[str, list[list[int]]]) -> None:
-    """Every contender each round, each from the same reset state, in an order that changes between rounds."""
+    """Every contender each round (those with no traffic in the first only), each from the same reset state, in an
+    order that changes between rounds."""
     for r in range(rounds):
-        for contender in launched.round_order(CONTENDERS, r):
+        for contender in launched.round_order(CONTENDERS if r == 0 else WITH_TRAFFIC, r):
+            began = time.monotonic()
             reset()
+            reset_s = time.monotonic() - began
             sample = figures.samples[contender]
             sample.append(measure(scenario, figures.job, contender, hot))
-            scenario.log(f"  {figures.job} round {r + 1} {contender}: {sample[-1].summary}")
+            scenario.log(f"  {figures.job} round {r + 1} {contender}: {sample[-1].summary} (reset {reset_s:.1f} s, "
+                         f"all {time.monotonic() - began:.1f} s)")
 
 
 def step_candidates(scenario: Scenario, figures: JobTraffic) -> int:
-    """The step test's candidates: enough that the adaptive job, draining as fast as in its fastest round beside the
-    workload, does not run out before its end."""
-    fastest = max(s.rows / s.seconds for s in figures.samples[ADAPTIVE])
+    """The step test's candidates: enough that the adaptive job, draining as fast as in its fastest window (with no
+    traffic: the light phases drain faster than the rounds' full rate), does not run out before its end; at least
+    the rounds' (a window of the unthrottled job's)."""
+    fastest = max(s.rows / s.seconds for c in (ADAPTIVE, QUIET + ADAPTIVE) for s in figures.samples[c])
     length = sum(MIN_TRANSACTIONS / (scenario.rate * share) + WINDOW_MARGIN_S for _, share in STEP)
-    return max(1, round(fastest * length * STEP_MARGIN))
+    return max(figures.candidates, round(fastest * length * STEP_MARGIN / figures.changed_share))
 
 
-def enough_candidates(scenario: Scenario, job: str, candidates: int, before: dict[str, int]) -> int:
+def enough_candidates(scenario: Scenario, figures: JobTraffic, before: dict[str, int]) -> int:
     """A window of the fastest contender (unthrottled, no traffic), not counted, which also warms the caches; where
-    it ran out, as many candidates again as make it outlast a window. The candidates now snapshotted."""
-    cur = scenario.cur
+    it ran out, as many candidates again as make it outlast a window (the job spares some: its guards' cases). The
+    candidates now snapshotted."""
+    cur, job, candidates = scenario.cur, figures.job, figures.candidates
     launched.snapshot(cur, job, before)
     launched.reset(cur, job, before)
     warm_up = measure(scenario, job, QUIET + UNTHROTTLED, ("", []))
     scenario.log(f"  {job} warm-up, not counted: {warm_up.summary}")
     if warm_up.stopped:
         return candidates
-    needed = round(warm_up.rows / warm_up.seconds * scenario.window_s * OUTLAST_MARGIN)
+    figures.changed_share = warm_up.rows / candidates
+    needed = round(warm_up.rows / warm_up.seconds * scenario.window_s * OUTLAST_MARGIN / figures.changed_share)
     scenario.log(f"  {job}: {needed:,} candidates instead, to outlast a window")
     # Candidates made again (its cases, as add_candidates makes them, may spare the earlier ones)
     launched.reset(cur, job, before, candidates=False)
@@ -384,7 +392,7 @@ def bench_job(scenario: Scenario, job: str, candidates: int, rounds: int) -> Job
     before = launched.add_candidates(scenario.engine, scenario.client, job, candidates)
     figures.load = [os.getloadavg()[0]]
     with launched._no_autovacuum(cur, launched._met(before)):
-        figures.candidates = enough_candidates(scenario, job, candidates, before)
+        figures.candidates = enough_candidates(scenario, figures, before)
         hot = hot_rows(cur, job, before)
         rounds_of(scenario, figures, rounds, lambda: launched.reset(cur, job, before), hot)
         launched.reset(cur, job, before, candidates=False)
