@@ -393,6 +393,7 @@ def cmd_bench(args, env, embedded: EmbeddedStack | None) -> None:
             env = {**env, DATABASE: embedded.url(name)}
     else:
         external_target(args, env)[0].dispose()
+    args.embedded_stack = embedded is not None  # --traffic pins PostgreSQL's processes to a CPU only on its own stack
     bench(env, args)
 
 
@@ -814,7 +815,8 @@ def add_bench(sub, into_help: str) -> None:
     bench.add_argument("--small", action="store_true", help="a development run of a few minutes (small sizes)")
     bench.add_argument("--small-rows", type=int, default=100_000, help="ci_builds/ci_job_artifacts rows, first size")
     bench.add_argument("--big-rows", type=int, default=10_000_000, help="second size (GitLab.com's)")
-    bench.add_argument("--candidates", type=int, default=100_000, help="candidates per job, launched job vs floor")
+    bench.add_argument("--candidates", type=int, default=100_000,
+                       help="candidates per job (launched job vs floor; --traffic)")
     bench.add_argument("--rounds", type=int, default=5, help="launched job / floor / service / idle run rounds (min 5)")
     bench.add_argument("--no-daemon", action="store_true", help="skip the scheduled run through dagster-daemon")
     bench.add_argument("--work", type=int, default=20_000, help="candidates per service per measurement")
@@ -831,8 +833,9 @@ def add_bench(sub, into_help: str) -> None:
                        help="--launched: on this vendored GitLab release's DDL (a database of its own: --data-dir or "
                             "--into); writes its line of BENCHMARKS.md")
     bench.add_argument("--traffic", action="store_true",
-                       help="only GitLab's traffic: a synthetic workload alone and beside each job, unbraked "
-                            "and braked; replaces (or adds) that section of the output")
+                       help="only GitLab's traffic: a synthetic workload alone and beside each job (unthrottled, "
+                            "fixed duty cycles, its adaptive default, and with no traffic), then a step test; "
+                            "replaces (or adds) that section of the output")
     bench.add_argument("--traffic-rows", type=int, default=1_000_000, help="--traffic: ci_builds/ci_job_artifacts rows")
     bench.add_argument("--traffic-rounds", type=int, default=3, help="--traffic: rounds (the figures are their median)")
     bench.add_argument("--rate", type=float, default=150, help="--traffic: the workload's transactions per second")

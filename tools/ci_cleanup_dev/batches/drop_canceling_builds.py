@@ -17,11 +17,12 @@ from sqlalchemy.engine import Connection
 from ci_cleanup.drop_canceling_builds import service as drop_canceling
 from ci_cleanup.drop_canceling_builds.service import BATCH_SIZE as DROP_BATCH
 from ci_cleanup.drop_canceling_builds.service import TIMEOUT
+from ci_cleanup.gitlab.loop_helpers import NO_HOOKS
 from ci_cleanup.gitlab.schema import GitLabSchema, naive_utc, utc_now
 from ci_cleanup.gitlab.sql_files import condition
 
 from ..bench.floor import on_a_connection
-from ..bench.jobs import S, loop, per_row
+from ..bench.jobs import S, loop, per_row, with_callback
 
 
 def seed(
@@ -56,10 +57,10 @@ def _drop_params():
     return {"cutoff": naive_utc(utc_now() - drop_canceling.TIMEOUT), "now": naive_utc(utc_now())}
 
 
-def drop_job(engine, client, on_batch):
+def drop_job(engine, client, on_batch, hooks=NO_HOOKS):
     result = drop_canceling.drop_canceling_builds(
         engine, S, drop_canceling.Limits(utc_now() - drop_canceling.TIMEOUT),
-        drop_canceling.Hooks(on_batch=lambda batch: on_batch()),
+        with_callback(hooks, on_batch),
     )
     return result.dropped
 

@@ -17,12 +17,13 @@ from sqlalchemy.engine import Connection
 
 from ci_cleanup.environments_auto_stop import service as auto_stop
 from ci_cleanup.environments_auto_stop.service import BATCH_SIZE as ENVS_BATCH
+from ci_cleanup.gitlab.loop_helpers import NO_HOOKS
 from ci_cleanup.gitlab.schema import GitLabSchema, naive_utc, utc_now
 from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup_dev.project_rows import add_projects
 
 from ..bench.floor import on_a_connection
-from ..bench.jobs import UNLIMITED, S, max_id, per_row
+from ..bench.jobs import UNLIMITED, S, max_id, per_row, with_callback
 
 
 def seed(
@@ -99,10 +100,10 @@ DUE = condition("ci_cleanup.environments_auto_stop", "auto_stoppable")
 DUE_PY = condition("ci_cleanup.environments_auto_stop", "auto_stoppable", pyformat=True)
 
 
-def envs_job(engine, client, on_batch):
+def envs_job(engine, client, on_batch, hooks=NO_HOOKS):
     result = auto_stop.auto_stop_environments(
         engine, engine, S, auto_stop.Limits(max_loops=UNLIMITED, max_runtime=dt.timedelta(days=1)),
-        auto_stop.Hooks(on_batch=lambda b: on_batch()),
+        with_callback(hooks, on_batch),
     )
     return result.counts[auto_stop.STOPPED] + result.counts[auto_stop.STOPPING]
 

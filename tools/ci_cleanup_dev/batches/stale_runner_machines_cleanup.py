@@ -16,13 +16,14 @@ import redis
 from sqlalchemy import insert, text
 from sqlalchemy.engine import Connection
 
+from ci_cleanup.gitlab.loop_helpers import NO_HOOKS
 from ci_cleanup.gitlab.schema import GitLabSchema, utc_now
 from ci_cleanup.gitlab.sql_files import condition
 from ci_cleanup.stale_runner_machines_cleanup import service as stale_machines
 from ci_cleanup.stale_runner_machines_cleanup.service import SUB_BATCH_LIMIT, stale_deadline
 
 from ..bench.floor import on_a_connection
-from ..bench.jobs import UNLIMITED, S, loop, per_row
+from ..bench.jobs import UNLIMITED, S, loop, per_row, with_callback
 
 
 def seed(
@@ -61,10 +62,10 @@ STALE = condition("ci_cleanup.stale_runner_machines_cleanup", "stale")
 STALE_PY = condition("ci_cleanup.stale_runner_machines_cleanup", "stale", pyformat=True)
 
 
-def stale_job(engine, client, on_batch):
+def stale_job(engine, client, on_batch, hooks=NO_HOOKS):
     return stale_machines.delete_stale_runner_managers(
         engine, S, stale_machines.Limits(stale_machines.stale_deadline(utc_now()), max_deletions=UNLIMITED),
-        stale_machines.Hooks(lambda ids: on_batch())
+        with_callback(hooks, on_batch),
     ).total_deleted
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.engine import Connection
 
 from ci_cleanup.gitlab import sidekiq_status
+from ci_cleanup.gitlab.loop_helpers import NO_HOOKS
 from ci_cleanup.gitlab.schema import (
     EXPORT_FAILED,
     EXPORT_FINISHED,
@@ -30,7 +31,7 @@ from ci_cleanup.stuck_export_jobs import service as stuck_exports
 from ci_cleanup.stuck_export_jobs.service import CHUNK_SIZE, EXPORT_JOBS_EXPIRATION
 
 from ..bench.floor import on_a_connection
-from ..bench.jobs import S, per_row
+from ..bench.jobs import S, per_row, with_callback
 
 
 def seed(
@@ -67,14 +68,14 @@ def seed(
 
 # -- the benchmark (see bench/jobs.py, bench/floor.py) ---------------------------------------------------------
 
-def exports_job(engine, client, on_batch):
+def exports_job(engine, client, on_batch, hooks=NO_HOOKS):
     with engine.connect() as conn:  # the job's first op
         enqueued = stuck_exports.count_enqueued(conn, S)
     return stuck_exports.mark_stuck_jobs_as_failed(
         engine, S, client,
         stuck_exports.Limits(utc_now() - stuck_exports.EXPORT_JOBS_EXPIRATION, first_id=enqueued.first_id,
                              walk=enqueued.dense),
-        stuck_exports.Hooks(on_batch=lambda chunk, outcome: on_batch()),
+        with_callback(hooks, on_batch),
     ).stuck
 
 

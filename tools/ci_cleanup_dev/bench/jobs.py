@@ -4,18 +4,21 @@ optimistic locking (what running the Rails workers does today). Each batch's thr
 (``ci_cleanup_dev/batches/<batch>.py``, ``RUNNERS``); here, what they share.
 
 Each runner takes ``(engine, redis_client, on_batch)`` and returns the rows it processed;
-``on_batch`` is called after every batch, so the caller can time batches.
+``on_batch`` is called after every batch, so the caller can time batches. The job's own (the service) also takes
+``hooks``: a caller's brake, stop and batch callback (:class:`~ci_cleanup.gitlab.loop_helpers.Hooks`), as a run's
+process op passes them (``bench --traffic``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from ci_cleanup.gitlab.loop_helpers import Hooks
 from ci_cleanup.gitlab.schema import gitlab_schema
 
 S = gitlab_schema()
@@ -30,6 +33,11 @@ class BenchJob:
     job: Runner
     raw: Runner
     per_row: Runner
+
+
+def with_callback(hooks: Hooks, on_batch: Callable[[], None]) -> Hooks:
+    """``hooks`` with the runner's ``on_batch()`` called after each batch too, after the hooks' own callback."""
+    return replace(hooks, on_batch=lambda *batch: (hooks.on_batch(*batch), on_batch()))
 
 
 def loop(engine: Engine, on_batch, batch: Callable[..., int]) -> int:

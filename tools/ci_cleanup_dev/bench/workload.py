@@ -2,21 +2,31 @@
 own so that a job run in the bench's process never holds its interpreter lock:
 ``python -m ci_cleanup_dev.bench.workload SPEC``.
 
-GitLab's own traffic on the tables the jobs change, at a fixed rate over a few connections (GitLab's many Puma and
-Sidekiq processes): a runner's update of its build by id (as optimistic locking writes it: ``lock_version + 1``), an
-artifact inserted for a new job, reads by id of builds and artifacts; a share of the updates and reads on the job's own
-candidate rows. Bounded twice: it stops after ``count`` transactions or ``seconds``, or sooner when its standard input
-closes (the bench's end of a run). It prints ``ready`` and its backends' pids once connected, then one JSON line: every
-transaction's kind, wall-clock start and seconds (BEGIN to COMMIT).
+GitLab's own traffic on the tables the jobs change, over a few connections (GitLab's many Puma and Sidekiq
+processes): a runner's update of its build by id (as optimistic locking writes it: ``lock_version + 1``), an artifact
+inserted for a new job, reads by id of builds and artifacts; a share of the updates and reads on the job's own
+candidate rows.
+
+Open loop: every transaction has a scheduled start, from a schedule of phases (seconds at a rate each), whatever
+happened to the ones before it. The connections take the next scheduled transaction in turn, as a pool of GitLab's
+processes takes requests: one that waits on a lock holds up only its own connection, and when every connection is
+busy the next transactions start late. A transaction's latency counts from its scheduled start, so a generator
+that falls behind (its connections held up, or its process short of CPU) shows as latency, as a user's request that
+waits in a queue does. Bounded by its schedule, or sooner when its standard input closes (the bench's end of a
+window). It prints ``ready`` with its backends' pids and the schedule's start (Unix seconds) once connected, then
+one JSON line: every transaction's kind, scheduled start, latency from the scheduled start and service time (BEGIN to
+COMMIT), in seconds.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .floor import connect
@@ -35,12 +45,13 @@ READ = {"p_ci_builds": "SELECT * FROM p_ci_builds WHERE id = %s AND partition_id
         "p_ci_job_artifacts": "SELECT * FROM p_ci_job_artifacts WHERE id = %s AND partition_id = %s"}
 
 
+Take = Callable[[], "tuple[int, float] | None"]  # the next transaction's number and scheduled start; None: no more
+
+
 @dataclass
 class Spec:
     url: str
-    rate: float  # transactions per second, all connections together
-    count: int  # at most this many transactions
-    seconds: float  # and for at most this long
+    phases: list[list[float]]  # the schedule: [seconds, transactions per second], one phase after the other
     clients: int
     builds: list[list[int]]  # (id, partition_id) of background builds
     artifacts: list[list[int]]  # the same of background artifacts
@@ -48,6 +59,26 @@ class Spec:
     hot: list[list[int]] = field(default_factory=list)  # its candidates: (id, partition_id or 0)
     lock_log_ms: int = 5  # deadlock_timeout of the workload's sessions: waits longer than this are logged
     hot_share: float = HOT_SHARE
+
+
+@dataclass(frozen=True)
+class Done:
+    """One transaction: its kind, scheduled start (Unix seconds), latency from then and its own BEGIN to COMMIT."""
+
+    kind: str
+    due: float
+    latency: float
+    service: float
+
+
+def schedule(phases: list[list[float]]) -> list[float]:
+    """Each transaction's scheduled start, in seconds from the schedule's start: evenly spaced at each phase's
+    rate, the phases one after the other."""
+    offsets, at = [], 0.0
+    for seconds, rate in phases:
+        offsets += [at + i / rate for i in range(round(seconds * rate))]
+        at += seconds
+    return offsets
 
 
 def pick_kind(draw: int) -> str:
@@ -76,29 +107,41 @@ def statement(spec: Spec, kind: str, rng: random.Random) -> tuple[str, tuple]:
     return READ[table], tuple(rng.choice(spec.builds if table == "p_ci_builds" else spec.artifacts))
 
 
-def client(spec: Spec, conn, index: int, start: float, stop: threading.Event, out: list) -> None:
-    """Connection ``index``'s share of the schedule: transaction n at ``start + n / rate`` for n = index, index +
-    clients, ...; one that falls behind starts the next at once."""
-    rng, cur = random.Random(index), conn.cursor()
-    for n in range(index, spec.count, spec.clients):
-        due = start + n / spec.rate
-        if due - start > spec.seconds:
+def client(spec: Spec, conn, due: Take, stop: threading.Event, out: list[Done]) -> None:
+    """One connection: the next scheduled transaction, at its time or at once when it is late, until the schedule
+    ends or ``stop`` is set. Each transaction's kind and rows come from its own number, the same in every run."""
+    cur = conn.cursor()
+    while (at := due()) is not None:
+        n, scheduled = at
+        wait = scheduled - time.time()
+        if (wait > 0 and stop.wait(wait)) or stop.is_set():
             return
-        wait = due - time.time()
-        if wait > 0 and stop.wait(wait):
-            return
-        if stop.is_set():
-            return
+        rng = random.Random(n)
         kind = pick_kind(rng.randrange(100))
         sql, params = statement(spec, kind, rng)
         began = time.time()
         cur.execute(sql, params)
         conn.commit()
-        out.append((kind, began, time.time() - began))
+        ended = time.time()
+        out.append(Done(kind, scheduled, ended - scheduled, ended - began))
 
 
-def run(spec: Spec, stop: threading.Event, ready=lambda pids: None) -> list[tuple[str, float, float]]:
-    """Every transaction ``(kind, started, seconds)``, in the order they ended."""
+def dispatcher(offsets: list[float], start: float) -> Take:
+    """The next transaction's number and scheduled start, each handed out once across the connections; None at
+    the schedule's end."""
+    numbers, lock = itertools.count(), threading.Lock()
+
+    def take() -> tuple[int, float] | None:
+        with lock:
+            n = next(numbers)
+        return (n, start + offsets[n]) if n < len(offsets) else None
+
+    return take
+
+
+def run(spec: Spec, stop: threading.Event, ready: Callable[[list[int], float], None] = lambda pids, start: None,
+        ) -> list[Done]:
+    """Every transaction of the schedule (or up to ``stop``), in the order they ended."""
     conns = [connect(spec.url) for _ in range(spec.clients)]
     try:
         pids = []
@@ -111,11 +154,11 @@ def run(spec: Spec, stop: threading.Event, ready=lambda pids: None) -> list[tupl
                 cur.execute("SELECT pg_backend_pid()")
                 pids.append(cur.fetchone()[0])
             conn.commit()
-        ready(pids)
-        out: list[tuple[str, float, float]] = []
+        out: list[Done] = []
         start = time.time()
-        threads = [threading.Thread(target=client, args=(spec, conn, i, start, stop, out))
-                   for i, conn in enumerate(conns)]
+        ready(pids, start)
+        take = dispatcher(schedule(spec.phases), start)
+        threads = [threading.Thread(target=client, args=(spec, conn, take, stop, out)) for conn in conns]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -136,8 +179,9 @@ def main(path: str) -> None:
         stop.set()
 
     threading.Thread(target=until_stdin_closes, daemon=True).start()
-    done = run(spec, stop, lambda pids: print("ready " + json.dumps(pids), flush=True))
-    print(json.dumps(done), flush=True)
+    done = run(spec, stop, lambda pids, start: print("ready " + json.dumps({"pids": pids, "start": start}),
+                                                      flush=True))
+    print(json.dumps([[d.kind, d.due, d.latency, d.service] for d in done]), flush=True)
 
 
 if __name__ == "__main__":
