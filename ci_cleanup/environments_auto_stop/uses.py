@@ -4,8 +4,8 @@ from ..gitlab.schema import where_present
 
 USES = {
     "environments": ("id", "project_id", "state", "auto_stop_at", where_present("auto_stop_setting"), "updated_at"),
-    # The last finished deployment, and the deployment group: the deployments of its pipeline's latest jobs.
-    "deployments": ("id", "environment_id", "status", "deployable_type", "deployable_id", "on_stop"),
+    # The last finished deployment (the latest finished_at), and the deployment group: its pipeline's latest jobs'.
+    "deployments": ("id", "environment_id", "status", "finished_at", "deployable_type", "deployable_id", "on_stop"),
     # The group's jobs (the pipeline's, not retried, finished); the stop actions: found by pipeline and name, played
     # (status, queued_at, lock_version), queued.
     "ci_builds": ("id", "commit_id", "retried", "name", "type", "status", "queued_at", "updated_at", "lock_version",
