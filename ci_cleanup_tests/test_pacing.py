@@ -23,21 +23,9 @@ from ci_cleanup.resources.run_options import THROTTLE_ENV
 from .factories import S, backend_waiting_on_lock, create, naive_ago, row
 from .harness import on
 from .runner import op_metadata, run_job
+from .test_loop_helpers import Clock  # the fake clock the loop's own tests use
 
 approx = pytest.approx
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 class Signals:
