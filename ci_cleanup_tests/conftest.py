@@ -17,6 +17,7 @@ import redis
 from sqlalchemy import create_engine
 
 from ci_cleanup.alerts import WEBHOOK_ENV
+from ci_cleanup.resources.run_options import THROTTLE_ENV
 
 from .harness import Databases, DeployedStack, deployed_stack, gitlab_stack, reset, scratch_database_of
 from .redis_servers import (  # noqa: F401  (fixtures: the Sentinel set and the cluster, for every module)
@@ -54,6 +55,13 @@ def pytest_collection_modifyitems(config, items):
         suffix = "@" + "_".join(groups)
         if groups and coerce_node_id and not item.nodeid.endswith(suffix):
             item._id = coerce_node_id(item.nodeid + suffix)
+
+
+@pytest.fixture(autouse=True)
+def unpaced(monkeypatch):
+    """Runs at the batch sizes their test sets: the adaptive pacer (on by default) shortens a batch when this
+    machine's load slows one, and a loaded CI machine is not what these tests assert. test_pacing's own overrides it."""
+    monkeypatch.setenv(THROTTLE_ENV, "off")
 
 
 @pytest.fixture(scope="session")

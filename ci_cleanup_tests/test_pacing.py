@@ -28,6 +28,12 @@ from .test_loop_helpers import Clock  # the fake clock the loop's own tests use
 approx = pytest.approx
 
 
+@pytest.fixture(autouse=True)
+def unpaced(monkeypatch):
+    """Pacing as a run gets it with nothing set (adaptive): this module's subject (conftest's turns it off)."""
+    monkeypatch.delenv(THROTTLE_ENV, raising=False)
+
+
 class Signals:
     """A watch whose readings the test sets, one per batch."""
 
