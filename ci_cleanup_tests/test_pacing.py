@@ -157,6 +157,36 @@ def test_workers_share_one_budget_a_pause_holds_every_worker():
     assert pacer.paused_seconds == first  # the run was paused once, not once a worker
 
 
+def test_the_workers_batches_that_ran_into_a_pause_do_not_deepen_it():
+    """The bulk delete's workers: batches slowed by the same contention back the run off once, not once a worker."""
+    clock, signals, pacer = paced()
+    assert pacer.next_batch_size(100) == 100  # this thread's worker begins a batch
+
+    def other_worker(readings: Readings) -> float:
+        """Another worker's whole batch, on a thread of its own; the pause it gets."""
+        pauses = []
+
+        def batch_ending_with(readings: Readings) -> None:
+            pacer.next_batch_size(100)
+            clock.now += 0.02
+            signals.next = readings
+            pauses.append(pacer.after_batch(0.02))
+
+        thread = threading.Thread(target=batch_ending_with, args=(readings,))
+        thread.start()
+        thread.join()
+        return pauses[0]
+
+    first = other_worker(Readings(locks_caused=1))
+    assert first == approx(pacing.BACKOFF_FIRST_SECONDS)
+    signals.next = Readings(locks_caused=1)  # this worker's batch ran into that pause, with a lock wait of its own
+    assert pacer.after_batch(0.04) == approx(first)
+    assert (pacer.backoff, pacer.share, pacer.slowed_batches) == (1, 0.5, 1)
+    clock.now += first
+    assert other_worker(Readings(locks_caused=1)) == approx(2 * first)  # begun after the pause: it deepens it
+    assert (pacer.backoff, pacer.share, dict(pacer.slowed_by)) == (2, 0.25, {"locks_caused": 2})
+
+
 def test_the_metadata_says_how_the_run_was_paced():
     clock, signals, pacer = paced()
     batch(clock, pacer, 0.1)

@@ -109,7 +109,8 @@ class Pacer:
     judges the signals and the batch's time against its recent best: one firing pauses the whole run, with
     exponential backoff and jitter while signals keep firing, and shrinks the next batches (halved on a lock
     wait, by 0.8 on latency, kept on the other health signals); none firing ends the pause and grows the batch
-    back by a tenth, up to the seed's size."""
+    back by a tenth, up to the seed's size. Only a batch begun after the last back-off decides: the other workers'
+    batches that ran into that pause saw the same contention, and must not double it once each."""
 
     clock: Callable[[], float] = time.monotonic
     jitter: Callable[[], float] = random.random
@@ -117,6 +118,7 @@ class Pacer:
     share: float = 1.0  # the next batch's size, a share of the seed's
     backoff: int = 0  # consecutive batches after which a signal fired
     resume_at: float = float("-inf")  # no batch of the run starts before
+    backed_off_at: float = float("-inf")  # when the last pause was decided
     paused_seconds: float = 0.0  # the run's time paused (the workers pause together: counted once)
     batches: int = 0
     slowed_batches: int = 0
@@ -135,6 +137,7 @@ class Pacer:
             if self.started is None:
                 self.started = self.clock()
             size = max(1, round(default * self.share))
+            self._sized.began = self.clock()
         self._sized.size = size
         return size
 
@@ -152,6 +155,8 @@ class Pacer:
             self.batches += 1
             self.share_sum += self.share
             self.share_min = min(self.share_min, self.share)
+            if getattr(self._sized, "began", now) < self.backed_off_at:  # it ran into the last pause
+                return max(0.0, self.resume_at - now)
             if fired:
                 self._back_off(fired, now)
             else:
@@ -176,6 +181,7 @@ class Pacer:
         cut = CUT_AT_ONCE if fired & AT_ONCE else CUT_ON_LATENCY if fired & LATENCY else 1.0
         self.share = max(MIN_SIZE_SHARE, self.share * cut)
         self.backoff += 1
+        self.backed_off_at = now
         pause = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** (self.backoff - 1))
         resume_at = now + pause * (1 - JITTER * self.jitter())
         if resume_at > self.resume_at:
@@ -245,8 +251,7 @@ class Watch:
                  apdex_url: str | None = None, clock: Callable[[], float] = time.monotonic):
         """``job``: what the job's statements start with (``JOB_MARK``), which tells its sessions from others'."""
         self.engine, self.job, self.report, self.apdex_url, self.clock = engine, job, report, apdex_url, clock
-        self.table = table
-        self.quoted = engine.dialect.identifier_preparer.format_table(table)
+        self.table, self.quoted = table, engine.dialect.identifier_preparer.format_table(table)
         self.unreadable: dict[str, str] = {}
         self.paused: Callable[[], bool] = lambda: False
         self._lock = threading.Lock()
