@@ -66,7 +66,6 @@ from .traffic_report import (
     QUIET,
     STEP,
     UNTHROTTLED,
-    WITH_TRAFFIC,
     JobTraffic,
     Sample,
     lock_waits,
@@ -342,10 +341,9 @@ def hot_rows(cur, job: str, before: dict[str, int]) -> tuple[str, list[list[int]
 
 def rounds_of(scenario: Scenario, figures: JobTraffic, rounds: int, reset: Callable[[], None],
               hot: tuple[str, list[list[int]]]) -> None:
-    """Every contender each round (those with no traffic in the first only), each from the same reset state, in an
-    order that changes between rounds."""
+    """Every contender each round, each from the same reset state, in an order that changes between rounds."""
     for r in range(rounds):
-        for contender in launched.round_order(CONTENDERS if r == 0 else WITH_TRAFFIC, r):
+        for contender in launched.round_order(CONTENDERS, r):
             began = time.monotonic()
             reset()
             reset_s = time.monotonic() - began
