@@ -108,14 +108,14 @@ def environments_statements(dialect, envs):
     del batch["naive_now"]  # the pick writes nothing
     yield "environments_auto_stop pick", auto_stop.PICK_BATCH.on(S, dialect).bindparams(**batch)
     yield "environments_auto_stop dry run's batch", auto_stop.FIND_BATCH.on(S, dialect).bindparams(**batch)
-    deployed = {"environment_ids": [env.id for env in envs], "deployable_ids": [env.id for env in envs],
+    deployed = {"environment_ids": [env.id for env in envs], "commit_ids": [env.id for env in envs],
                 "on_stops": ["stop_review"] * len(envs)}
     queue = {"namespace_ids": [env.project_id for env in envs], "instance_runners_enabled": [True] * len(envs),
              "namespace_traversal_ids": [f"{{{env.project_id}}}" for env in envs]}
-    group = {"environment_ids": deployed["environment_ids"], "deployable_ids": deployed["deployable_ids"]}
+    group = {"environment_ids": deployed["environment_ids"], "deployable_ids": [env.id for env in envs]}
     yield "environments_auto_stop deployment group's jobs", auto_stop.FIND_GROUP_JOBS.on(S, dialect).bindparams(**group)
     yield "environments_auto_stop deployment group", auto_stop.FIND_GROUP.on(S, dialect).bindparams(
-        environment_ids=group["environment_ids"], job_ids=group["deployable_ids"])
+        environment_ids=group["environment_ids"], job_ids=group["deployable_ids"], commit_ids=deployed["commit_ids"])
     yield "environments_auto_stop stop actions", auto_stop.PLAY_STOP_ACTIONS.on(S, dialect).bindparams(
         **deployed, **queue, naive_now=NOW.replace(tzinfo=None))
     yield "environments_auto_stop dry run's stop actions", auto_stop.FIND_STOP_ACTIONS.on(S, dialect).bindparams(

@@ -3,6 +3,7 @@
 -- step), a row per deployment of the group.
 WITH jobs AS (
   SELECT *
-  FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:job_ids AS bigint[])) AS jobs (environment_id, job_id)
+  FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:job_ids AS bigint[]), CAST(:commit_ids AS bigint[]))
+    AS jobs (environment_id, job_id, commit_id)
 )
 {{ group }}

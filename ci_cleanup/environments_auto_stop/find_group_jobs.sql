@@ -6,6 +6,6 @@ WITH wanted AS (
   FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:deployable_ids AS bigint[]))
     AS wanted (environment_id, deployable_id)
 )
-SELECT wanted.environment_id, job.id AS job_id
+SELECT wanted.environment_id, job.id AS job_id, job.commit_id
 FROM wanted
 {{ group_jobs }}

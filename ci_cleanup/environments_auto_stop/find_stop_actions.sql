@@ -3,8 +3,8 @@
 -- each environment's group (find_group.sql's rows).
 WITH wanted AS (
   SELECT *
-  FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:deployable_ids AS bigint[]), CAST(:on_stops AS text[]))
-    AS wanted (environment_id, deployable_id, on_stop)
+  FROM unnest(CAST(:environment_ids AS bigint[]), CAST(:commit_ids AS bigint[]), CAST(:on_stops AS text[]))
+    AS wanted (environment_id, commit_id, on_stop)
 )
 -- A row per environment that has stop actions: the manual ones, which a run would play (NULL: none).
 SELECT wanted.environment_id,

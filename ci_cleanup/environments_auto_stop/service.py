@@ -208,8 +208,8 @@ def unqueued(env_id: int, project_id: int) -> str:
 
 
 def deployment_group(run: Run, picked: list[Row]) -> list[Row]:
-    """The deployments of each picked environment's deployment group (environment_id, deployable_id, on_stop): the
-    jobs read in ci (``find_group_jobs.sql``), their deployments in main (``find_group.sql``)."""
+    """The deployments of each picked environment's deployment group (environment_id, deployable_id, on_stop,
+    commit_id): the jobs read in ci (``find_group_jobs.sql``), their deployments in main (``find_group.sql``)."""
     deployed = [env for env in picked if env.deployable_id is not None]
     if not deployed:
         return []
@@ -218,7 +218,8 @@ def deployment_group(run: Run, picked: list[Row]) -> list[Row]:
     if not jobs:
         return []
     return run.execute(run.main, FIND_GROUP, {"environment_ids": [job.environment_id for job in jobs],
-                                              "job_ids": [job.job_id for job in jobs]})
+                                              "job_ids": [job.job_id for job in jobs],
+                                              "commit_ids": [job.commit_id for job in jobs]})
 
 
 def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[int]]:
@@ -232,7 +233,7 @@ def stop_actions(run: Run, params: dict, picked: list[Row]) -> dict[int, list[in
     envs = [by_id[deployment.environment_id] for deployment in group]
     params = {
         **params, "environment_ids": [d.environment_id for d in group],
-        "deployable_ids": [d.deployable_id for d in group], "on_stops": [d.on_stop for d in group],
+        "commit_ids": [d.commit_id for d in group], "on_stops": [d.on_stop for d in group],
         "namespace_ids": [env.namespace_id for env in envs],
         "instance_runners_enabled": [env.instance_runners_enabled for env in envs],
         "namespace_traversal_ids": [None if env.namespace_traversal_ids is None

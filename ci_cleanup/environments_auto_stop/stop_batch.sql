@@ -8,7 +8,7 @@ WITH picked AS (
   FOR UPDATE OF environments
 ),
 jobs AS (
-  SELECT wanted.id AS environment_id, job.id AS job_id
+  SELECT wanted.id AS environment_id, job.id AS job_id, job.commit_id
   FROM picked AS wanted
   {{ group_jobs }}
 ),
