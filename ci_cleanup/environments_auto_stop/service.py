@@ -208,8 +208,8 @@ def unqueued(env_id: int, project_id: int) -> str:
 
 
 def deployment_group(run: Run, picked: list[Row]) -> list[Row]:
-    """The deployments of each picked environment's deployment group (environment_id, deployable_id, on_stop,
-    commit_id): the jobs read in ci (``find_group_jobs.sql``), their deployments in main (``find_group.sql``)."""
+    """The deployments of each picked environment's deployment group (environment_id, on_stop, commit_id): the jobs
+    read in ci (``find_group_jobs.sql``), their deployments in main (``find_group.sql``)."""
     deployed = [env for env in picked if env.deployable_id is not None]
     if not deployed:
         return []
